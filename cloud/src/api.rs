@@ -1,0 +1,227 @@
+//! The HTTP API: shared state, the extractors every handler uses
+//! (credential → [`Principal`], JSON body with its limits), the route table
+//! and the metrics middleware. One file per group of endpoints below.
+//!
+//! Every route is added through [`Routes`], which remembers it, so a test can
+//! check that each one is described in the OpenAPI document.
+
+pub mod events;
+pub mod health;
+pub mod ingest;
+pub mod keys;
+pub mod openapi;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request, State};
+use axum::handler::Handler;
+use axum::http::request::Parts;
+use axum::http::{Method, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, on};
+use serde_json::Value;
+
+use crate::auth::{Authenticator, Principal};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::store::Store;
+use crate::telemetry::{Metrics, RequestLabels, RouteLabels};
+use crate::usage::Usage;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub store: Arc<dyn Store>,
+    pub auth: Arc<Authenticator>,
+    pub usage: Arc<Usage>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Authenticates, then applies the workspace's rate limit. Handlers that take
+/// a `Principal` are therefore authenticated and metered.
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self> {
+        let principal = state.auth.authenticate(&parts.headers, state.store.as_ref()).await?;
+        if let Err(e) = state.usage.admit(&principal.workspace_id) {
+            state.metrics.reject(e.code());
+            return Err(e);
+        }
+        Ok(principal)
+    }
+}
+
+/// A JSON body as a raw `serde_json::Value`, after the checks that come
+/// before parsing: `Content-Type` (415) and the size limit (413, decided on
+/// `Content-Length` when present, else while reading).
+pub struct JsonBody(pub Value);
+
+impl FromRequest<AppState> for JsonBody {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self> {
+        let limit = usize::try_from(state.config.http.body_limit.as_u64()).unwrap_or(usize::MAX);
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|mime| {
+                let mime = mime.trim();
+                mime.eq_ignore_ascii_case("application/json")
+                    || (mime.starts_with("application/") && mime.ends_with("+json"))
+            });
+        if !is_json {
+            state.metrics.reject("unsupported_media_type");
+            return Err(Error::UnsupportedMediaType);
+        }
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            state.metrics.reject("payload_too_large");
+            return Err(Error::PayloadTooLarge { limit });
+        }
+        let bytes = axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| {
+            state.metrics.reject("payload_too_large");
+            Error::PayloadTooLarge { limit }
+        })?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            state.metrics.reject("invalid_json");
+            Error::InvalidJson(e.to_string())
+        })
+    }
+}
+
+/// Reads an optional string field of a JSON object body.
+pub fn optional_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(Error::validation(field, format!("`{field}` must be a string"))),
+    }
+}
+
+/// `limit` of list endpoints: default 100, clamped to 1000, and a 400 for
+/// anything but a non-negative integer.
+pub fn parse_limit(raw: Option<&str>) -> Result<usize> {
+    const DEFAULT: usize = 100;
+    const MAX: usize = 1000;
+    match raw {
+        None => Ok(DEFAULT),
+        Some(text) => text
+            .parse::<u64>()
+            .map(|n| usize::try_from(n).unwrap_or(MAX).min(MAX))
+            .map_err(|_| Error::validation("limit", "`limit` must be a non-negative integer")),
+    }
+}
+
+/// Parses an optional integer query parameter (milliseconds since epoch).
+pub fn parse_ms(name: &str, raw: Option<&str>) -> Result<Option<i64>> {
+    raw.map(|text| {
+        text.parse::<i64>().map_err(|_| {
+            Error::validation(name, format!("`{name}` must be an integer (ms since the epoch)"))
+        })
+    })
+    .transpose()
+}
+
+/// The route table, remembering every (method, path) it serves.
+pub struct Routes {
+    router: Router<AppState>,
+    served: Vec<(Method, &'static str)>,
+}
+
+impl Routes {
+    fn new() -> Self {
+        Routes { router: Router::new(), served: Vec::new() }
+    }
+
+    fn add<H, T>(mut self, method: Method, path: &'static str, handler: H) -> Self
+    where
+        H: Handler<T, AppState>,
+        T: 'static,
+    {
+        let filter = match MethodFilter::try_from(method.clone()) {
+            Ok(filter) => filter,
+            Err(_) => return self,
+        };
+        self.router = self.router.route(path, on(filter, handler));
+        self.served.push((method, path));
+        self
+    }
+
+    /// Every (method, path) served, in the order added.
+    pub fn served(&self) -> &[(Method, &'static str)] {
+        &self.served
+    }
+
+    pub fn into_router(self, state: AppState) -> Router {
+        self.router
+            .route_layer(middleware::from_fn_with_state(state.clone(), observe))
+            .fallback(|| async { Error::NotFound("route".into()) })
+            .with_state(state)
+    }
+}
+
+/// The whole API.
+pub fn routes() -> Routes {
+    Routes::new()
+        .add(Method::GET, "/api/health", health::health)
+        .add(Method::GET, "/api/openapi", openapi::serve)
+        .add(Method::GET, "/metrics", health::metrics)
+        .add(Method::POST, "/api/ingest", ingest::ingest)
+        .add(Method::GET, "/api/events", events::list)
+        .add(Method::POST, "/api/keys", keys::create)
+        .add(Method::GET, "/api/keys", keys::list)
+        .add(Method::DELETE, "/api/keys/{id}", keys::revoke)
+        .add(Method::POST, "/api/workspaces", keys::create_workspace)
+}
+
+/// Counts and times every request by its route template.
+async fn observe(State(state): State<AppState>, request: Request<Body>, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    state
+        .metrics
+        .latency
+        .get_or_create(&RouteLabels { route: route.clone() })
+        .observe(started.elapsed().as_secs_f64());
+    state.metrics.requests.get_or_create(&RequestLabels { method, route, status }).inc();
+    response
+}
+
+impl IntoResponse for JsonBody {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_defaults_clamps_and_rejects() {
+        assert_eq!(parse_limit(None).unwrap(), 100);
+        assert_eq!(parse_limit(Some("5000")).unwrap(), 1000);
+        assert_eq!(parse_limit(Some("0")).unwrap(), 0);
+        assert!(parse_limit(Some("-1")).is_err());
+        assert!(parse_limit(Some("1.5")).is_err());
+        assert!(parse_limit(Some("ten")).is_err());
+    }
+}

@@ -1,0 +1,209 @@
+//! `POST /api/ingest`: one envelope or `{"batch": [...]}`, all or nothing.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use opgraph_proto::{Event, TrustTier};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use super::{AppState, JsonBody};
+use crate::auth::{Principal, Scope};
+use crate::error::{Error, Result};
+use crate::store::{AppendRequest, NewEvent};
+
+/// Most envelopes in one batch.
+pub const MAX_BATCH: usize = 1000;
+const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct IngestResponse {
+    /// Events in the request (stored now or earlier).
+    pub accepted: usize,
+    /// The id of each event, in request order.
+    pub ids: Vec<String>,
+}
+
+/// Record one canonical event, or a batch of up to 1000.
+#[utoipa::path(
+    post,
+    path = "/api/ingest",
+    tag = "ingest",
+    request_body(content = crate::api::openapi::IngestBody, description = "An event envelope, or `{\"batch\": [envelope, ...]}` (at most 1000)"),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h return the first answer")),
+    responses(
+        (status = 202, description = "Stored durably", body = IngestResponse),
+        (status = 400, description = "Invalid JSON or envelope; `field` names the path, e.g. `batch[3].event`", body = crate::error::ErrorBody),
+        (status = 401, body = crate::error::ErrorBody), (status = 403, body = crate::error::ErrorBody),
+        (status = 413, body = crate::error::ErrorBody), (status = 415, body = crate::error::ErrorBody),
+        (status = 429, body = crate::error::ErrorBody), (status = 503, body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn ingest(
+    State(state): State<AppState>,
+    principal: Principal,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody,
+) -> Result<impl IntoResponse> {
+    principal.require(Scope::Ingest)?;
+    let outcome = accept(&state, &principal, &headers, &body).await;
+    if let Err(e) = &outcome {
+        state.metrics.reject(e.code());
+    }
+    let response = outcome?;
+    Ok((StatusCode::ACCEPTED, axum::Json(response)))
+}
+
+async fn accept(
+    state: &AppState,
+    principal: &Principal,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Result<IngestResponse> {
+    let idempotency_key = idempotency_key(headers)?;
+    let now = crate::now_ms();
+    let events = parse_body(body, now)?;
+    state.usage.check_quota(state.store.as_ref(), &principal.workspace_id, events.len()).await?;
+    let request = AppendRequest {
+        events: events
+            .into_iter()
+            .map(|event| NewEvent { id: crate::ids::new_id("evt"), received_at: now, event })
+            .collect(),
+        idempotency_key,
+    };
+    let accepted = request.events.len();
+    let result = state.store.append_events(&principal.workspace_id, request).await?;
+    state.metrics.ingested("http", result.inserted);
+    Ok(IngestResponse { accepted, ids: result.ids })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value
+        .to_str()
+        .ok()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN)
+        .ok_or_else(|| {
+            Error::validation(
+                "Idempotency-Key",
+                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"),
+            )
+        })?;
+    Ok(Some(key.to_owned()))
+}
+
+/// Validates a single envelope or a batch and applies the defaults, so that
+/// what is stored is complete.
+pub fn parse_body(body: &Value, now_ms: i64) -> Result<Vec<Event>> {
+    let Some(object) = body.as_object() else {
+        return Err(Error::validation("", "the body must be a JSON object"));
+    };
+    match object.get("batch") {
+        None => Ok(vec![parse_envelope(body, now_ms)?]),
+        Some(batch) => {
+            if let Some(other) = object.keys().find(|k| *k != "batch") {
+                return Err(Error::validation(
+                    other.as_str(),
+                    "a batch body has only the `batch` field",
+                ));
+            }
+            let items = batch
+                .as_array()
+                .ok_or_else(|| Error::validation("batch", "`batch` must be an array"))?;
+            if items.is_empty() || items.len() > MAX_BATCH {
+                return Err(Error::validation(
+                    "batch",
+                    format!("`batch` must hold 1 to {MAX_BATCH} envelopes"),
+                ));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    parse_envelope(item, now_ms).map_err(|e| match e {
+                        Error::Validation { field, message } => Error::Validation {
+                            field: Some(match field.as_deref() {
+                                None | Some("") => format!("batch[{i}]"),
+                                Some(f) => format!("batch[{i}].{f}"),
+                            }),
+                            message,
+                        },
+                        other => other,
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
+fn parse_envelope(value: &Value, now_ms: i64) -> Result<Event> {
+    let mut event = Event::from_json(value, now_ms)?;
+    if let Some(entity) = &event.entity {
+        for key in ["type", "id"] {
+            match entity.get(key) {
+                Some(Value::String(s)) if !s.is_empty() => {}
+                _ => {
+                    return Err(Error::validation(
+                        format!("entity.{key}"),
+                        format!("`entity.{key}` must be a non-empty string"),
+                    ));
+                }
+            }
+        }
+    }
+    event.timestamp.get_or_insert(now_ms);
+    event.business_id.get_or_insert_with(|| "default".to_owned());
+    event.trust_tier.get_or_insert(TrustTier::T0);
+    Ok(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: i64 = 1_795_322_085_000;
+
+    fn field_of(body: Value) -> Option<String> {
+        match parse_body(&body, NOW) {
+            Err(Error::Validation { field, .. }) => field,
+            other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_applied() {
+        let events = parse_body(&json!({"event": "scan"}), NOW).unwrap();
+        assert_eq!(events[0].timestamp, Some(NOW));
+        assert_eq!(events[0].business_id.as_deref(), Some("default"));
+        assert_eq!(events[0].trust_tier, Some(TrustTier::T0));
+    }
+
+    #[test]
+    fn batch_errors_name_the_index() {
+        let body = json!({"batch": [{"event": "a"}, {"event": "b"}, {"event": ""}]});
+        assert_eq!(field_of(body).as_deref(), Some("batch[2].event"));
+        assert_eq!(field_of(json!({"batch": [1]})).as_deref(), Some("batch[0]"));
+    }
+
+    #[test]
+    fn batch_shape_is_checked() {
+        assert_eq!(field_of(json!({"batch": []})).as_deref(), Some("batch"));
+        assert_eq!(field_of(json!({"batch": {}})).as_deref(), Some("batch"));
+        let too_many: Vec<Value> = (0..=MAX_BATCH).map(|_| json!({"event": "x"})).collect();
+        assert_eq!(field_of(json!({ "batch": too_many })).as_deref(), Some("batch"));
+        assert_eq!(
+            field_of(json!({"batch": [{"event": "x"}], "event": "y"})).as_deref(),
+            Some("event")
+        );
+    }
+
+    #[test]
+    fn entity_needs_type_and_id() {
+        let body = json!({"event": "x", "entity": {"type": "store"}});
+        assert_eq!(field_of(body).as_deref(), Some("entity.id"));
+    }
+}

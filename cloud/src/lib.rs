@@ -1,0 +1,32 @@
+//! `opgraph-cloud`: receives events, stores them, and serves the API.
+//!
+//! How a request flows:
+//!
+//! - [`server`] loads nothing itself: it takes a [`config::Config`], opens
+//!   the store, makes sure a first workspace and key exist (bootstrap),
+//!   binds the listeners and runs until told to stop.
+//! - [`api`] is the HTTP surface: its extractors turn the `Authorization`
+//!   header into an [`auth::Principal`] (via [`auth`]), apply the
+//!   workspace's rate limit ([`usage`]) and read JSON bodies with their
+//!   limits; one file per group of endpoints; errors become responses in
+//!   exactly one place ([`error`]).
+//! - [`store`] is the seam to storage: every call is scoped to a workspace;
+//!   [`store::embedded`] is the SQLite default.
+//! - [`telemetry`] holds the Prometheus metrics; [`ids`] makes identifiers.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod ids;
+pub mod server;
+pub mod store;
+pub mod telemetry;
+pub mod usage;
+
+/// Milliseconds since the Unix epoch, the unit of every time in the API.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,127 @@
+//! Starting and stopping the cloud: open the store, bootstrap, bind, serve,
+//! and on shutdown drain requests, flush usage, close the store.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AppState};
+use crate::auth::{self, Authenticator, Scope, jwt::JwtVerifier};
+use crate::config::{Config, StoreKind};
+use crate::store::embedded::EmbeddedStore;
+use crate::store::{ApiKeyRecord, NewApiKey, Store, Workspace};
+use crate::telemetry::Metrics;
+use crate::usage::Usage;
+
+pub const DEFAULT_WORKSPACE: &str = "ws_default";
+const BOOTSTRAP_KEY_FILE: &str = "bootstrap-key";
+
+/// Runs the cloud until `shutdown` is cancelled; prints one
+/// `listening http=ADDR` line on stdout once it accepts connections.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let store: Arc<dyn Store> = match config.store.kind {
+        StoreKind::Embedded => {
+            Arc::new(EmbeddedStore::open(&config.store.data_dir, config.store.group_commit_window)?)
+        }
+        StoreKind::Clickhouse => {
+            anyhow::bail!("store.kind = \"clickhouse\" is not available in this build yet")
+        }
+    };
+    bootstrap(&config, store.as_ref()).await?;
+    let jwt = JwtVerifier::from_config(&config.auth.jwt)?;
+    let state = AppState {
+        usage: Arc::new(Usage::new(config.rate_limit.clone(), config.usage.clone())),
+        auth: Arc::new(Authenticator::new(jwt)),
+        metrics: Arc::new(Metrics::new()),
+        store: Arc::clone(&store),
+        config: Arc::new(config),
+    };
+
+    let listener = TcpListener::bind(state.config.http.addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("http.addr {}: {e}", state.config.http.addr))?;
+    announce(&format!("listening http={}", listener.local_addr()?));
+
+    let flusher = tokio::spawn(flush_usage(state.clone(), shutdown.clone()));
+    let app = api::routes().into_router(state.clone());
+    let stop = shutdown.clone();
+    axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await?;
+
+    shutdown.cancel();
+    let _ = flusher.await;
+    state.usage.flush(state.store.as_ref()).await;
+    store.close().await?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// One line on stdout, flushed at once: test harnesses wait for it.
+fn announce(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn flush_usage(state: AppState, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => state.usage.flush(state.store.as_ref()).await,
+        }
+    }
+}
+
+/// On an empty store: workspace `ws_default` with business `default`, and an
+/// operator key, printed once and saved (mode 0600) in the data directory.
+/// With a configured bootstrap key, that key is (re)registered instead, so a
+/// deployment can know its key in advance.
+async fn bootstrap(config: &Config, store: &dyn Store) -> anyhow::Result<()> {
+    let fresh = store.count_workspaces().await? == 0;
+    if fresh {
+        store
+            .create_workspace(&Workspace {
+                id: DEFAULT_WORKSPACE.into(),
+                name: "Default workspace".into(),
+                created_at: crate::now_ms(),
+            })
+            .await?;
+    }
+    let key = match (&config.auth.bootstrap_key, fresh) {
+        (Some(key), _) => key.clone(),
+        (None, true) => auth::generate_api_key(),
+        (None, false) => return Ok(()),
+    };
+    let mut scopes = Scope::DEFAULT.to_vec();
+    scopes.push(Scope::Operator);
+    let record = ApiKeyRecord {
+        id: crate::ids::new_id("key"),
+        workspace_id: DEFAULT_WORKSPACE.into(),
+        name: "bootstrap operator key".into(),
+        hint: auth::key_hint(&key),
+        scopes,
+        created_at: crate::now_ms(),
+        revoked_at: None,
+    };
+    store.insert_api_key(NewApiKey { record, hash: auth::hash_key(&key) }).await?;
+    if config.auth.bootstrap_key.is_none() {
+        let path = config.store.data_dir.join(BOOTSTRAP_KEY_FILE);
+        write_secret(&path, &key)?;
+        announce(&format!("bootstrap api key: {key} (saved to {})", path.display()));
+    }
+    Ok(())
+}
+
+fn write_secret(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    writeln!(file, "{secret}")?;
+    file.sync_all()?;
+    Ok(())
+}

@@ -1,0 +1,473 @@
+//! The embedded default store: SQLite in WAL mode in one data directory.
+//!
+//! Writes go to one writer thread that groups whatever is queued into one
+//! transaction (group commit): each caller gets its answer only after the
+//! commit, and with `synchronous = FULL` a commit is on disk, so an
+//! acknowledged ingest survives `kill -9` and power loss alike, while many
+//! concurrent requests share one fsync. Each request runs in its own
+//! savepoint, so one failing request never takes its neighbours down and
+//! never leaves half of itself behind.
+//!
+//! Reads use a small pool of read-only connections on blocking threads; WAL
+//! lets them run beside the writer.
+
+mod events;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+use super::{
+    AppendRequest, AppendResult, ApiKeyRecord, EventFilter, NewApiKey, Store, StoredEvent,
+    UsageTotals, Workspace,
+};
+use crate::auth::Scope;
+use crate::error::{Error, Result};
+
+const SCHEMA: &str = include_str!("embedded/schema.sql");
+const SCHEMA_VERSION: i64 = 1;
+/// Most requests folded into one transaction.
+const MAX_GROUP: usize = 512;
+const READ_POOL_MAX: usize = 8;
+
+type Reply = Box<dyn FnOnce(Result<()>) + Send>;
+/// Runs against the writer connection, or with `None` when the transaction
+/// could not even begin, in which case it only reports the failure.
+type Job = Box<dyn FnOnce(Option<&Connection>) -> (bool, Reply) + Send>;
+
+enum Command {
+    Write(Job),
+    Close(oneshot::Sender<()>),
+}
+
+pub struct EmbeddedStore {
+    path: PathBuf,
+    writer: Mutex<Option<mpsc::SyncSender<Command>>>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store in `dir` and starts its writer thread.
+    pub fn open(dir: &Path, group_commit_window: Duration) -> Result<EmbeddedStore> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
+        let path = dir.join("opgraph.db");
+        let conn = Connection::open(&path)
+            .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;
+        configure_writer(&conn).map_err(Error::internal)?;
+        migrate(&conn).map_err(Error::internal)?;
+        let (tx, rx) = mpsc::sync_channel::<Command>(4096);
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer_loop(conn, rx, group_commit_window))
+            .map_err(Error::internal)?;
+        Ok(EmbeddedStore {
+            path,
+            writer: Mutex::new(Some(tx)),
+            readers: Arc::new(Mutex::new(Vec::new())),
+        })
+    }
+
+    /// Runs `f` in the writer's transaction (inside its own savepoint) and
+    /// resolves once that transaction is committed.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (tx, rx) = oneshot::channel::<Result<T>>();
+        let job: Job = Box::new(move |conn| {
+            let result = match conn {
+                Some(conn) => f(conn),
+                None => Err(Error::Unavailable { retry_after_secs: 1 }),
+            };
+            let ok = result.is_ok();
+            let reply: Reply = Box::new(move |committed: Result<()>| {
+                let _ = tx.send(committed.and(result));
+            });
+            (ok, reply)
+        });
+        let sender = self
+            .writer
+            .lock()
+            .map_err(|_| Error::internal("writer lock poisoned"))?
+            .clone()
+            .ok_or(Error::Unavailable { retry_after_secs: 1 })?;
+        // The channel is bounded: a full queue waits here, off the async
+        // threads, which is the back-pressure on ingest.
+        tokio::task::spawn_blocking(move || sender.send(Command::Write(job)))
+            .await
+            .map_err(Error::internal)?
+            .map_err(|_| Error::Unavailable { retry_after_secs: 1 })?;
+        rx.await.map_err(|_| Error::internal("store writer stopped"))?
+    }
+
+    /// Runs `f` on a pooled read connection on a blocking thread.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let pool = Arc::clone(&self.readers);
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = pool.lock().map_err(|_| Error::internal("pool poisoned"))?.pop();
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => open_reader(&path).map_err(Error::internal)?,
+            };
+            let result = f(&conn);
+            if let Ok(mut pool) = pool.lock()
+                && pool.len() < READ_POOL_MAX {
+                    pool.push(conn);
+                }
+            result
+        })
+        .await
+        .map_err(Error::internal)?
+    }
+}
+
+fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // FULL: the WAL is fsynced at each commit, so a committed (acknowledged)
+    // write survives power loss, not only a process crash.
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "busy_timeout", 5000)?;
+    conn.pragma_update(None, "cache_size", -65536)?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(())
+}
+
+fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.pragma_update(None, "busy_timeout", 5000)?;
+    conn.pragma_update(None, "cache_size", -65536)?;
+    conn.pragma_update(None, "mmap_size", 268_435_456)?;
+    Ok(conn)
+}
+
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(SCHEMA)?;
+    let current: Option<i64> =
+        conn.query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))?;
+    if current.is_none() {
+        conn.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (?1, ?2)",
+            params![SCHEMA_VERSION, crate::now_ms()],
+        )?;
+    }
+    Ok(())
+}
+
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Command>, window: Duration) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = Vec::new();
+        let mut closing = None;
+        match first {
+            Command::Write(job) => jobs.push(job),
+            Command::Close(done) => closing = Some(done),
+        }
+        if closing.is_none() && !window.is_zero() {
+            std::thread::sleep(window);
+        }
+        while closing.is_none() && jobs.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(Command::Write(job)) => jobs.push(job),
+                Ok(Command::Close(done)) => closing = Some(done),
+                Err(_) => break,
+            }
+        }
+        if !jobs.is_empty() {
+            run_group(&conn, jobs);
+        }
+        if let Some(done) = closing {
+            if let Err(e) = conn.pragma_update(None, "wal_checkpoint", "TRUNCATE") {
+                tracing::warn!(error = %e, "checkpoint on close failed");
+            }
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+/// One transaction for the whole group, one savepoint per job.
+fn run_group(conn: &Connection, jobs: Vec<Job>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        tracing::error!(error = %e, "store transaction could not begin");
+        for job in jobs {
+            let (_, reply) = job(None);
+            reply(Ok(()));
+        }
+        return;
+    }
+    let mut replies = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            tracing::error!(error = %e, "savepoint failed");
+        }
+        let (ok, reply) = job(Some(conn));
+        let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
+        if let Err(e) = conn.execute_batch(end) {
+            tracing::error!(error = %e, "savepoint end failed");
+        }
+        replies.push(reply);
+    }
+    let committed = conn.execute_batch("COMMIT");
+    if let Err(e) = &committed {
+        tracing::error!(error = %e, "commit failed; the group is rolled back");
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for reply in replies {
+        reply(committed.as_ref().map_err(classify_ref).copied());
+    }
+}
+
+/// Disk full and I/O errors are worth a retry later; the rest is a bug.
+fn classify_ref(e: &rusqlite::Error) -> Error {
+    use rusqlite::ffi::ErrorCode;
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DiskFull | ErrorCode::SystemIoFailure | ErrorCode::DatabaseBusy) => {
+            Error::Unavailable { retry_after_secs: 5 }
+        }
+        _ => Error::internal(e),
+    }
+}
+
+fn sql(e: rusqlite::Error) -> Error {
+    classify_ref(&e)
+}
+
+fn scopes_to_text(scopes: &[Scope]) -> String {
+    scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ")
+}
+
+fn scopes_from_text(text: &str) -> Vec<Scope> {
+    text.split_whitespace().filter_map(Scope::parse).collect()
+}
+
+fn key_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ApiKeyRecord> {
+    Ok(ApiKeyRecord {
+        id: row.get(0)?,
+        workspace_id: row.get(1)?,
+        name: row.get(2)?,
+        hint: row.get(3)?,
+        scopes: scopes_from_text(&row.get::<_, String>(4)?),
+        created_at: row.get(5)?,
+        revoked_at: row.get(6)?,
+    })
+}
+
+const KEY_COLUMNS: &str = "id, workspace_id, name, hint, scopes, created_at, revoked_at";
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn ping(&self) -> Result<()> {
+        self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(())).map_err(sql)).await
+    }
+
+    async fn create_workspace(&self, workspace: &Workspace) -> Result<()> {
+        let ws = workspace.clone();
+        self.write(move |conn| {
+            let inserted = conn
+                .execute(
+                    "INSERT INTO workspaces (id, name, created_at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (id) DO NOTHING",
+                    params![ws.id, ws.name, ws.created_at],
+                )
+                .map_err(sql)?;
+            if inserted == 0 {
+                return Err(Error::Conflict(format!("workspace {} exists", ws.id)));
+            }
+            conn.execute(
+                "INSERT INTO businesses (workspace_id, id, name, created_at)
+                 VALUES (?1, 'default', ?2, ?3) ON CONFLICT DO NOTHING",
+                params![ws.id, ws.name, ws.created_at],
+            )
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn workspace_exists(&self, workspace_id: &str) -> Result<bool> {
+        let id = workspace_id.to_owned();
+        self.read(move |conn| {
+            conn.query_row("SELECT 1 FROM workspaces WHERE id = ?1", [id], |_| Ok(()))
+                .optional()
+                .map(|found| found.is_some())
+                .map_err(sql)
+        })
+        .await
+    }
+
+    async fn count_workspaces(&self) -> Result<u64> {
+        self.read(|conn| {
+            conn.query_row("SELECT count(*) FROM workspaces", [], |r| r.get::<_, i64>(0))
+                .map(|n| n.max(0) as u64)
+                .map_err(sql)
+        })
+        .await
+    }
+
+    async fn insert_api_key(&self, key: NewApiKey) -> Result<ApiKeyRecord> {
+        self.write(move |conn| {
+            let r = &key.record;
+            conn.execute(
+                "INSERT INTO api_keys (id, workspace_id, name, key_hash, hint, scopes, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (key_hash) DO NOTHING",
+                params![
+                    r.id,
+                    r.workspace_id,
+                    r.name,
+                    key.hash,
+                    r.hint,
+                    scopes_to_text(&r.scopes),
+                    r.created_at
+                ],
+            )
+            .map_err(sql)?;
+            conn.query_row(
+                &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE key_hash = ?1"),
+                [&key.hash],
+                key_from_row,
+            )
+            .map_err(sql)
+        })
+        .await
+    }
+
+    async fn find_api_key(&self, hash: &str) -> Result<Option<ApiKeyRecord>> {
+        let hash = hash.to_owned();
+        self.read(move |conn| {
+            conn.query_row(
+                &format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE key_hash = ?1 AND revoked_at IS NULL"
+                ),
+                [hash],
+                key_from_row,
+            )
+            .optional()
+            .map_err(sql)
+        })
+        .await
+    }
+
+    async fn list_api_keys(&self, workspace_id: &str) -> Result<Vec<ApiKeyRecord>> {
+        let ws = workspace_id.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare(&format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE workspace_id = ?1
+                     ORDER BY created_at, id"
+                ))
+                .map_err(sql)?;
+            let rows = stmt.query_map([ws], key_from_row).map_err(sql)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+        })
+        .await
+    }
+
+    async fn revoke_api_key(&self, workspace_id: &str, key_id: &str) -> Result<bool> {
+        let (ws, id) = (workspace_id.to_owned(), key_id.to_owned());
+        self.write(move |conn| {
+            let found: Option<Option<i64>> = conn
+                .query_row(
+                    "SELECT revoked_at FROM api_keys WHERE workspace_id = ?1 AND id = ?2",
+                    params![ws, id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(sql)?;
+            match found {
+                None => Ok(false),
+                Some(Some(_)) => Ok(true),
+                Some(None) => {
+                    conn.execute(
+                        "UPDATE api_keys SET revoked_at = ?3 WHERE workspace_id = ?1 AND id = ?2",
+                        params![ws, id, crate::now_ms()],
+                    )
+                    .map_err(sql)?;
+                    Ok(true)
+                }
+            }
+        })
+        .await
+    }
+
+    async fn append_events(
+        &self,
+        workspace_id: &str,
+        request: AppendRequest,
+    ) -> Result<AppendResult> {
+        let ws = workspace_id.to_owned();
+        let rows = events::prepare_rows(request.events);
+        let key = request.idempotency_key;
+        self.write(move |conn| events::append(conn, &ws, rows, key.as_deref())).await
+    }
+
+    async fn list_events(
+        &self,
+        workspace_id: &str,
+        filter: &EventFilter,
+    ) -> Result<Vec<StoredEvent>> {
+        let ws = workspace_id.to_owned();
+        let filter = filter.clone();
+        self.read(move |conn| events::list(conn, &ws, &filter)).await
+    }
+
+    async fn record_api_calls(&self, workspace_id: &str, day_ms: i64, calls: u64) -> Result<()> {
+        let ws = workspace_id.to_owned();
+        let day = day_ms.div_euclid(events::DAY_MS);
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO usage_daily (workspace_id, day, api_calls) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (workspace_id, day) DO UPDATE SET api_calls = api_calls + ?3",
+                params![ws, day, i64::try_from(calls).unwrap_or(i64::MAX)],
+            )
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn usage(&self, workspace_id: &str, from_ms: i64, to_ms: i64) -> Result<UsageTotals> {
+        let ws = workspace_id.to_owned();
+        let (from_day, to_day) =
+            (from_ms.div_euclid(events::DAY_MS), to_ms.div_euclid(events::DAY_MS));
+        self.read(move |conn| {
+            conn.query_row(
+                "SELECT coalesce(sum(events_ingested), 0), coalesce(sum(api_calls), 0)
+                 FROM usage_daily WHERE workspace_id = ?1 AND day >= ?2 AND day <= ?3",
+                params![ws, from_day, to_day],
+                |r| {
+                    Ok(UsageTotals {
+                        events_ingested: r.get::<_, i64>(0)?.max(0) as u64,
+                        api_calls: r.get::<_, i64>(1)?.max(0) as u64,
+                    })
+                },
+            )
+            .map_err(sql)
+        })
+        .await
+    }
+
+    async fn close(&self) -> Result<()> {
+        let sender = self.writer.lock().map_err(|_| Error::internal("poisoned"))?.take();
+        if let Some(sender) = sender {
+            let (tx, rx) = oneshot::channel();
+            let sent = tokio::task::spawn_blocking(move || sender.send(Command::Close(tx)))
+                .await
+                .map_err(Error::internal)?;
+            if sent.is_ok() {
+                let _ = rx.await;
+            }
+        }
+        Ok(())
+    }
+}

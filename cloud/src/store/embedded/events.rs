@@ -1,0 +1,386 @@
+//! Event rows of the embedded store: what one ingest writes (event row,
+//! search text, hourly rollup, entity and relationship, usage) and how
+//! recent events are listed.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use opgraph_proto::{Event, Party};
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
+use serde_json::{Map, Value};
+
+use super::sql;
+use crate::error::{Error, Result};
+use crate::store::{AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent};
+
+pub(super) const DAY_MS: i64 = 86_400_000;
+const HOUR_MS: i64 = 3_600_000;
+/// Searchable text per event is capped: search is for finding events, not
+/// for indexing megabytes of payload.
+const MAX_SEARCH_TEXT: usize = 2048;
+
+/// An event flattened into its columns, computed before entering the writer
+/// thread so that the single writer does as little as possible.
+pub(super) struct Row {
+    id: String,
+    business_id: String,
+    event: String,
+    ts: i64,
+    received_at: i64,
+    actor: (Option<String>, Option<String>),
+    object: (Option<String>, Option<String>),
+    trace_id: Option<String>,
+    decision_id: Option<String>,
+    trust_tier: String,
+    message_id: Option<String>,
+    trackable_code: Option<String>,
+    revenue: Option<f64>,
+    source: Option<String>,
+    channel: Option<String>,
+    campaign: Option<String>,
+    envelope: String,
+    search_text: String,
+    entity: Option<EntityRow>,
+}
+
+struct EntityRow {
+    kind: String,
+    id: String,
+    name: Option<String>,
+    properties: String,
+}
+
+fn party_columns(party: Option<&Party>) -> (Option<String>, Option<String>) {
+    match party {
+        None => (None, None),
+        Some(Party::Name(name)) => (None, Some(name.clone())),
+        Some(Party::Ref { kind, id, .. }) => (Some(kind.clone()), Some(id.clone())),
+    }
+}
+
+fn text_at(map: Option<&Map<String, Value>>, key: &str) -> Option<String> {
+    match map?.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn number_at(map: Option<&Map<String, Value>>, key: &str) -> Option<f64> {
+    match map?.get(key)? {
+        Value::Number(n) => n.as_f64().filter(|v| v.is_finite()),
+        Value::String(s) => s.parse::<f64>().ok().filter(|v| v.is_finite()),
+        _ => None,
+    }
+}
+
+/// Appends the scalar leaves of a JSON value, space-separated.
+fn push_leaves(out: &mut String, value: &Value) {
+    if out.len() >= MAX_SEARCH_TEXT {
+        return;
+    }
+    match value {
+        Value::String(s) => {
+            out.push(' ');
+            out.push_str(s);
+        }
+        Value::Number(n) => {
+            let _ = write!(out, " {n}");
+        }
+        Value::Bool(b) => {
+            let _ = write!(out, " {b}");
+        }
+        Value::Array(items) => items.iter().for_each(|v| push_leaves(out, v)),
+        Value::Object(map) => map.values().for_each(|v| push_leaves(out, v)),
+        Value::Null => {}
+    }
+}
+
+fn search_text(e: &Event, actor: &(Option<String>, Option<String>), object: &(Option<String>, Option<String>)) -> String {
+    let mut out = e.event.clone();
+    for part in [&actor.0, &actor.1, &object.0, &object.1].into_iter().flatten() {
+        out.push(' ');
+        out.push_str(part);
+    }
+    if let Some(props) = &e.properties {
+        props.values().for_each(|v| push_leaves(&mut out, v));
+    }
+    if out.len() > MAX_SEARCH_TEXT {
+        let mut cut = MAX_SEARCH_TEXT;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
+}
+
+pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
+    events
+        .into_iter()
+        .map(|NewEvent { id, received_at, event: e }| {
+            let actor = party_columns(e.actor.as_ref());
+            let object = party_columns(e.object.as_ref());
+            let revenue = number_at(e.outcome.as_ref(), "revenue")
+                .or_else(|| number_at(e.attribution.as_ref(), "revenue"));
+            let entity = e.entity.as_ref().and_then(|m| {
+                Some(EntityRow {
+                    kind: text_at(Some(m), "type")?,
+                    id: text_at(Some(m), "id")?,
+                    name: text_at(Some(m), "name"),
+                    properties: m
+                        .get("properties")
+                        .filter(|p| p.is_object())
+                        .map_or_else(|| "{}".to_owned(), Value::to_string),
+                })
+            });
+            Row {
+                search_text: search_text(&e, &actor, &object),
+                business_id: e.business_id.clone().unwrap_or_else(|| "default".into()),
+                ts: e.timestamp.unwrap_or(received_at),
+                trust_tier: e.trust_tier.map_or("T0", |t| t.as_str()).to_owned(),
+                trace_id: e.trace_id.clone(),
+                decision_id: e.decision_id.clone(),
+                message_id: e.message_id.clone(),
+                trackable_code: text_at(e.trackable.as_ref(), "code"),
+                source: text_at(e.attribution.as_ref(), "source")
+                    .or_else(|| text_at(e.source.as_ref(), "source")),
+                channel: text_at(e.source.as_ref(), "channel")
+                    .or_else(|| text_at(e.attribution.as_ref(), "channel")),
+                campaign: text_at(e.source.as_ref(), "campaign")
+                    .or_else(|| text_at(e.attribution.as_ref(), "campaign")),
+                envelope: e.to_json().to_string(),
+                event: e.event,
+                revenue,
+                actor,
+                object,
+                entity,
+                id,
+                received_at,
+            }
+        })
+        .collect()
+}
+
+/// Writes one ingest request; runs inside the writer's savepoint, so an
+/// error leaves nothing behind.
+pub(super) fn append(
+    conn: &Connection,
+    ws: &str,
+    rows: Vec<Row>,
+    idempotency_key: Option<&str>,
+) -> Result<AppendResult> {
+    let now = crate::now_ms();
+    if let Some(key) = idempotency_key {
+        let stored: Option<(String, i64)> = conn
+            .query_row(
+                "SELECT response, created_at FROM idempotency_keys
+                 WHERE workspace_id = ?1 AND key = ?2",
+                params![ws, key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(sql)?;
+        if let Some((response, created_at)) = stored
+            && now - created_at < IDEMPOTENCY_WINDOW_MS {
+                let ids: Vec<String> =
+                    serde_json::from_str(&response).map_err(Error::internal)?;
+                return Ok(AppendResult { ids, inserted: 0 });
+            }
+    }
+
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO events (workspace_id, id, business_id, event, ts, received_at,
+                actor_type, actor_id, object_type, object_id, trace_id, decision_id, trust_tier,
+                message_id, trackable_code, revenue, source, channel, campaign, envelope)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                ?17, ?18, ?19, ?20)
+             ON CONFLICT DO NOTHING",
+        )
+        .map_err(sql)?;
+    let mut fts = conn
+        .prepare_cached("INSERT INTO events_fts (rowid, body) VALUES (?1, ?2)")
+        .map_err(sql)?;
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut hourly: HashMap<(String, String, i64), (i64, f64)> = HashMap::new();
+    let mut businesses: Vec<String> = Vec::new();
+    let mut inserted = 0usize;
+
+    for row in rows {
+        let changed = insert
+            .execute(params![
+                ws,
+                row.id,
+                row.business_id,
+                row.event,
+                row.ts,
+                row.received_at,
+                row.actor.0,
+                row.actor.1,
+                row.object.0,
+                row.object.1,
+                row.trace_id,
+                row.decision_id,
+                row.trust_tier,
+                row.message_id,
+                row.trackable_code,
+                row.revenue,
+                row.source,
+                row.channel,
+                row.campaign,
+                row.envelope,
+            ])
+            .map_err(sql)?;
+        if changed == 0 {
+            // A replay: the same event id, or the same messageId. Answer with
+            // the id stored first.
+            ids.push(existing_id(conn, ws, &row)?);
+            continue;
+        }
+        inserted += 1;
+        fts.execute(params![conn.last_insert_rowid(), row.search_text]).map_err(sql)?;
+        let slot = hourly
+            .entry((row.business_id.clone(), row.event.clone(), row.ts.div_euclid(HOUR_MS)))
+            .or_default();
+        slot.0 += 1;
+        slot.1 += row.revenue.unwrap_or(0.0);
+        if !businesses.contains(&row.business_id) {
+            businesses.push(row.business_id.clone());
+        }
+        if let Some(entity) = &row.entity {
+            upsert_entity(conn, ws, entity, &row)?;
+        }
+        ids.push(row.id);
+    }
+
+    let mut rollup = conn
+        .prepare_cached(
+            "INSERT INTO event_counts_hourly (workspace_id, business_id, event, hour, count, revenue)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT DO UPDATE SET count = count + excluded.count,
+                revenue = revenue + excluded.revenue",
+        )
+        .map_err(sql)?;
+    for ((business, event, hour), (count, revenue)) in hourly {
+        rollup.execute(params![ws, business, event, hour, count, revenue]).map_err(sql)?;
+    }
+    for business in businesses {
+        conn.prepare_cached(
+            "INSERT INTO businesses (workspace_id, id, name, created_at) VALUES (?1, ?2, ?2, ?3)
+             ON CONFLICT DO NOTHING",
+        )
+        .and_then(|mut s| s.execute(params![ws, business, now]))
+        .map_err(sql)?;
+    }
+    if inserted > 0 {
+        conn.prepare_cached(
+            "INSERT INTO usage_daily (workspace_id, day, events_ingested) VALUES (?1, ?2, ?3)
+             ON CONFLICT (workspace_id, day) DO UPDATE
+             SET events_ingested = events_ingested + ?3",
+        )
+        .and_then(|mut s| s.execute(params![ws, now.div_euclid(DAY_MS), inserted as i64]))
+        .map_err(sql)?;
+    }
+    if let Some(key) = idempotency_key {
+        let response = serde_json::to_string(&ids).map_err(Error::internal)?;
+        conn.execute(
+            "INSERT INTO idempotency_keys (workspace_id, key, response, created_at)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT DO UPDATE SET response = excluded.response,
+                created_at = excluded.created_at",
+            params![ws, key, response, now],
+        )
+        .map_err(sql)?;
+    }
+    Ok(AppendResult { ids, inserted })
+}
+
+fn existing_id(conn: &Connection, ws: &str, row: &Row) -> Result<String> {
+    let by_message = match &row.message_id {
+        Some(message_id) => conn
+            .query_row(
+                "SELECT id FROM events WHERE workspace_id = ?1 AND message_id = ?2",
+                params![ws, message_id],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()
+            .map_err(sql)?,
+        None => None,
+    };
+    Ok(by_message.unwrap_or_else(|| row.id.clone()))
+}
+
+fn upsert_entity(conn: &Connection, ws: &str, entity: &EntityRow, row: &Row) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO entities (workspace_id, type, id, name, properties, first_seen, last_seen)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+         ON CONFLICT DO UPDATE SET name = coalesce(excluded.name, name),
+            properties = json_patch(properties, excluded.properties),
+            last_seen = max(last_seen, excluded.last_seen)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![ws, entity.kind, entity.id, entity.name, entity.properties, row.ts])
+    })
+    .map_err(sql)?;
+    if let ((Some(from_type), Some(from_id)), (Some(to_type), Some(to_id))) =
+        (&row.actor, &row.object)
+    {
+        conn.prepare_cached(
+            "INSERT INTO relationships (workspace_id, from_type, from_id, relation, to_type,
+                to_id, count, first_seen, last_seen)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 1, ?7, ?7)
+             ON CONFLICT DO UPDATE SET count = count + 1,
+                last_seen = max(last_seen, excluded.last_seen)",
+        )
+        .and_then(|mut s| {
+            s.execute(params![ws, from_type, from_id, row.event, to_type, to_id, row.ts])
+        })
+        .map_err(sql)?;
+    }
+    Ok(())
+}
+
+/// Newest first, choosing the index by the filters present (a fixed query
+/// with `? IS NULL OR ...` arms would defeat SQLite's planner).
+pub(super) fn list(conn: &Connection, ws: &str, filter: &EventFilter) -> Result<Vec<StoredEvent>> {
+    let mut sql_text = String::from(
+        "SELECT id, received_at, envelope FROM events WHERE workspace_id = ?",
+    );
+    let mut args: Vec<SqlValue> = vec![ws.to_owned().into()];
+    let mut add = |clause: &str, value: SqlValue| {
+        sql_text.push_str(clause);
+        args.push(value);
+    };
+    if let Some(event) = &filter.event {
+        add(" AND event = ?", event.clone().into());
+    }
+    if let Some(trace) = &filter.trace_id {
+        add(" AND trace_id = ?", trace.clone().into());
+    }
+    if let Some(business) = &filter.business_id {
+        add(" AND business_id = ?", business.clone().into());
+    }
+    if let Some(from) = filter.from {
+        add(" AND ts >= ?", from.into());
+    }
+    if let Some(to) = filter.to {
+        add(" AND ts < ?", to.into());
+    }
+    sql_text.push_str(" ORDER BY ts DESC, seq DESC LIMIT ?");
+    args.push(i64::try_from(filter.limit).unwrap_or(i64::MAX).into());
+    let mut stmt = conn.prepare_cached(&sql_text).map_err(sql)?;
+    let rows = stmt
+        .query_map(params_from_iter(args), |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+        })
+        .map_err(sql)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, received_at, envelope) = row.map_err(sql)?;
+        let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
+        out.push(StoredEvent { id, received_at, envelope });
+    }
+    Ok(out)
+}

@@ -1,0 +1,194 @@
+//! Per-workspace rate limiting and usage metering.
+//!
+//! Rate limiting is a token bucket per workspace held in memory: cheap on
+//! the hot path, and good enough per node (a cluster behind a balancer
+//! multiplies the limit by its node count; documented in the README).
+//! API calls are counted in memory and flushed to the store every few
+//! seconds and on shutdown, so metering costs no write per request. Events
+//! are counted by the store in the same transaction that stores them, so
+//! that count is exact.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::config::{RateLimitConfig, UsageConfig};
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+pub struct Usage {
+    rate: RateLimitConfig,
+    quota: UsageConfig,
+    buckets: Mutex<HashMap<String, Bucket>>,
+    pending_calls: Mutex<HashMap<String, u64>>,
+    /// Events ingested this month per workspace, cached briefly for quota
+    /// checks.
+    month_counts: Mutex<HashMap<String, (Instant, u64)>>,
+}
+
+const QUOTA_CACHE: Duration = Duration::from_secs(2);
+const MAX_TRACKED: usize = 100_000;
+
+impl Usage {
+    pub fn new(rate: RateLimitConfig, quota: UsageConfig) -> Self {
+        Usage {
+            rate,
+            quota,
+            buckets: Mutex::new(HashMap::new()),
+            pending_calls: Mutex::new(HashMap::new()),
+            month_counts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn rate_config(&self) -> &RateLimitConfig {
+        &self.rate
+    }
+
+    pub fn quota_config(&self) -> &UsageConfig {
+        &self.quota
+    }
+
+    /// Takes one token from the workspace's bucket, or says how long to wait.
+    pub fn admit(&self, workspace_id: &str) -> Result<()> {
+        if let Ok(mut calls) = self.pending_calls.lock() {
+            *calls.entry(workspace_id.to_owned()).or_default() += 1;
+        }
+        let rps = f64::from(self.rate.requests_per_second);
+        if rps == 0.0 {
+            return Ok(());
+        }
+        let burst = f64::from(self.rate.burst);
+        let mut buckets =
+            self.buckets.lock().map_err(|_| Error::internal("rate limiter poisoned"))?;
+        if buckets.len() >= MAX_TRACKED {
+            buckets.retain(|_, b| b.refilled.elapsed() < Duration::from_secs(60));
+        }
+        let now = Instant::now();
+        let bucket = buckets
+            .entry(workspace_id.to_owned())
+            .or_insert(Bucket { tokens: burst, refilled: now });
+        let elapsed = now.duration_since(bucket.refilled).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * rps).min(burst);
+        bucket.refilled = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = (1.0 - bucket.tokens) / rps;
+            Err(Error::RateLimited { retry_after_secs: wait.ceil().max(1.0) as u64 })
+        }
+    }
+
+    /// Refuses ingest once the monthly event quota is used up.
+    pub async fn check_quota(&self, store: &dyn Store, workspace_id: &str, adding: usize) -> Result<()> {
+        let quota = self.quota.monthly_event_quota;
+        if quota == 0 {
+            return Ok(());
+        }
+        let cached = self
+            .month_counts
+            .lock()
+            .ok()
+            .and_then(|m| m.get(workspace_id).copied())
+            .filter(|(at, _)| at.elapsed() < QUOTA_CACHE);
+        let used = match cached {
+            Some((_, used)) => used,
+            None => {
+                let now = crate::now_ms();
+                let used = store
+                    .usage(workspace_id, month_start_ms(now), now)
+                    .await?
+                    .events_ingested;
+                if let Ok(mut m) = self.month_counts.lock() {
+                    if m.len() >= MAX_TRACKED {
+                        m.clear();
+                    }
+                    m.insert(workspace_id.to_owned(), (Instant::now(), used));
+                }
+                used
+            }
+        };
+        if used.saturating_add(adding as u64) > quota {
+            return Err(Error::RateLimited { retry_after_secs: 3600 });
+        }
+        Ok(())
+    }
+
+    /// Writes the counted API calls to the store.
+    pub async fn flush(&self, store: &dyn Store) {
+        let pending = match self.pending_calls.lock() {
+            Ok(mut calls) => std::mem::take(&mut *calls),
+            Err(_) => return,
+        };
+        let now = crate::now_ms();
+        for (ws, calls) in pending {
+            if let Err(e) = store.record_api_calls(&ws, now, calls).await {
+                tracing::warn!(workspace = %ws, error = %e, "could not record API calls");
+            }
+        }
+    }
+}
+
+/// Start of the calendar month (UTC) containing `ms`.
+pub fn month_start_ms(ms: i64) -> i64 {
+    let days = ms.div_euclid(86_400_000);
+    let (year, month, _) = civil_from_days(days);
+    days_from_civil(year, month, 1) * 86_400_000
+}
+
+// Howard Hinnant's civil calendar algorithms: exact for the proleptic
+// Gregorian calendar, no date crate needed for one computation.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn month_start_is_the_first_at_midnight() {
+        // 2026-11-22T04:34:45Z -> 2026-11-01T00:00:00Z
+        assert_eq!(month_start_ms(1_795_322_085_000), 1_793_491_200_000);
+        assert_eq!(month_start_ms(0), 0);
+    }
+
+    #[test]
+    fn bucket_refuses_past_burst_and_says_when_to_retry() {
+        let usage = Usage::new(
+            RateLimitConfig { requests_per_second: 1, burst: 2 },
+            UsageConfig { monthly_event_quota: 0 },
+        );
+        usage.admit("ws").unwrap();
+        usage.admit("ws").unwrap();
+        match usage.admit("ws") {
+            Err(Error::RateLimited { retry_after_secs }) => assert!(retry_after_secs >= 1),
+            other => panic!("expected rate limit, got {other:?}"),
+        }
+        // Other workspaces have their own bucket.
+        usage.admit("other").unwrap();
+    }
+}
