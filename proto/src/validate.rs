@@ -1,0 +1,251 @@
+//! Parsing and validating a JSON envelope: the only way into [`Event`] from
+//! outside (the protobuf path goes through here too, see `convert`).
+//!
+//! Walks the `serde_json::Value` by hand rather than through serde derive so
+//! every error names its JSON path. Never panics; work is bounded by the
+//! input size (serde_json's parser already caps nesting at 128 levels).
+//!
+//! Decisions beyond the API contract:
+//! - A top-level `null` is read as absent (SDKs often serialize `None` as
+//!   `null`); `"event": null` is therefore "is required".
+//! - Every string field must be non-empty: an empty id means nothing, and
+//!   accepting it would make "absent" and "empty" two spellings of one thing.
+//! - Lengths are counted in characters (Unicode scalar values), not bytes.
+//! - A party object's other keys share the free-object size limit.
+
+use std::io;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Result, ValidationError};
+use crate::event::{Event, JsonObject, Party, TrustTier};
+
+/// Longest `event` name, in characters.
+pub const MAX_EVENT_NAME_LEN: usize = 200;
+/// Longest `businessId`, `traceId`, `decisionId`, `proofId` or `messageId`,
+/// in characters.
+pub const MAX_ID_LEN: usize = 200;
+/// Longest party string (`"actor": "..."`) or party `type` / `id`, in
+/// characters; longer than other ids because objects are often URLs.
+pub const MAX_PARTY_LEN: usize = 512;
+/// Largest free object (`properties`, `context`, ...) or set of a party's
+/// extra keys, in bytes of compact JSON.
+pub const MAX_FREE_OBJECT_BYTES: usize = 64 * 1024;
+/// How far before the receive time a `timestamp` may be: 10 years of
+/// 365.25 days.
+pub const MAX_TIMESTAMP_AGE_MS: i64 = 3_652 * DAY_MS + DAY_MS / 2;
+/// How far after the receive time a `timestamp` may be: 1 day of clock skew.
+pub const MAX_TIMESTAMP_LEAD_MS: i64 = DAY_MS;
+
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// Every top-level key of the envelope, in the spec's order.
+pub const ENVELOPE_FIELDS: [&str; 18] = [
+    "event",
+    "businessId",
+    "actor",
+    "object",
+    "entity",
+    "traceId",
+    "source",
+    "attribution",
+    "context",
+    "trackable",
+    "decisionId",
+    "proofId",
+    "outcome",
+    "trustTier",
+    "complianceMapping",
+    "properties",
+    "timestamp",
+    "messageId",
+];
+
+impl Event {
+    /// Parses and validates one envelope received at `now_ms` (ms since the
+    /// Unix epoch), per the API contract's "Ingest" rules.
+    pub fn from_json(value: &Value, now_ms: i64) -> Result<Self> {
+        let event = Self::parse_json(value)?;
+        event.check_timestamp(now_ms)?;
+        Ok(event)
+    }
+
+    /// Like [`Event::from_json`] but without the timestamp window, which
+    /// depends on when the envelope was received: for reading back envelopes
+    /// that were validated at ingest.
+    pub fn parse_json(value: &Value) -> Result<Self> {
+        let Value::Object(body) = value else {
+            return Err(ValidationError::new("", "the event envelope must be a JSON object"));
+        };
+        if let Some(key) = body.keys().find(|k| !ENVELOPE_FIELDS.contains(&k.as_str())) {
+            return Err(ValidationError::new(key.as_str(), "is not an envelope field"));
+        }
+        let event = match field(body, "event") {
+            Some(v) => string(v, "event", MAX_EVENT_NAME_LEN)?,
+            None => return Err(ValidationError::new("event", "is required")),
+        };
+        let id = |key: &str| opt(body, key, |v| string(v, key, MAX_ID_LEN));
+        let free = |key: &str| opt(body, key, |v| free_object(v, key));
+        let who = |key: &str| opt(body, key, |v| party(v).map_err(|e| e.within(key)));
+        Ok(Self {
+            event,
+            business_id: id("businessId")?,
+            actor: who("actor")?,
+            object: who("object")?,
+            entity: free("entity")?,
+            trace_id: id("traceId")?,
+            source: free("source")?,
+            attribution: free("attribution")?,
+            context: free("context")?,
+            trackable: free("trackable")?,
+            decision_id: id("decisionId")?,
+            proof_id: id("proofId")?,
+            outcome: free("outcome")?,
+            trust_tier: opt(body, "trustTier", trust_tier)?,
+            compliance_mapping: free("complianceMapping")?,
+            properties: free("properties")?,
+            timestamp: opt(body, "timestamp", timestamp)?,
+            message_id: id("messageId")?,
+        })
+    }
+
+    /// Checks that `timestamp`, when present, lies within
+    /// [`MAX_TIMESTAMP_AGE_MS`] before and [`MAX_TIMESTAMP_LEAD_MS`] after
+    /// `now_ms`.
+    pub fn check_timestamp(&self, now_ms: i64) -> Result<()> {
+        let Some(ts) = self.timestamp else {
+            return Ok(());
+        };
+        if ts < now_ms.saturating_sub(MAX_TIMESTAMP_AGE_MS) {
+            return Err(ValidationError::new(
+                "timestamp",
+                "must not be more than 10 years before the time of receipt",
+            ));
+        }
+        if ts > now_ms.saturating_add(MAX_TIMESTAMP_LEAD_MS) {
+            return Err(ValidationError::new(
+                "timestamp",
+                "must not be more than 1 day after the time of receipt",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks an envelope built in code against the same rules as
+    /// [`Event::from_json`] (e.g. before a gateway buffers it).
+    pub fn validate(&self, now_ms: i64) -> Result<()> {
+        Self::from_json(&self.to_json(), now_ms).map(drop)
+    }
+}
+
+/// The value at `key`, with `null` read as absent.
+fn field<'a>(body: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    body.get(key).filter(|v| !v.is_null())
+}
+
+fn opt<T>(
+    body: &Map<String, Value>,
+    key: &str,
+    parse: impl FnOnce(&Value) -> Result<T>,
+) -> Result<Option<T>> {
+    field(body, key).map(parse).transpose()
+}
+
+/// A non-empty string of at most `max` characters.
+fn string(v: &Value, path: &str, max: usize) -> Result<String> {
+    let Value::String(s) = v else {
+        return Err(ValidationError::new(path, "must be a string"));
+    };
+    if s.is_empty() {
+        return Err(ValidationError::new(path, "must not be empty"));
+    }
+    if s.chars().nth(max).is_some() {
+        return Err(ValidationError::new(path, format!("must be at most {max} characters")));
+    }
+    Ok(s.clone())
+}
+
+/// A JSON object of at most [`MAX_FREE_OBJECT_BYTES`] as compact JSON.
+fn free_object(v: &Value, path: &str) -> Result<JsonObject> {
+    let Value::Object(map) = v else {
+        return Err(ValidationError::new(path, "must be a JSON object"));
+    };
+    check_size(map, path)?;
+    Ok(map.clone())
+}
+
+fn check_size(map: &JsonObject, path: &str) -> Result<()> {
+    if fits_in(map, MAX_FREE_OBJECT_BYTES) {
+        Ok(())
+    } else {
+        Err(ValidationError::new(
+            path,
+            format!("must be at most {MAX_FREE_OBJECT_BYTES} bytes as JSON"),
+        ))
+    }
+}
+
+/// Whether `map` serializes to at most `limit` bytes; stops writing as soon
+/// as it does not, so an oversized object costs at most `limit` bytes of work.
+fn fits_in(map: &JsonObject, limit: usize) -> bool {
+    struct Budget(usize);
+    impl io::Write for Budget {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 =
+                self.0.checked_sub(buf.len()).ok_or_else(|| io::Error::other("over budget"))?;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(Budget(limit), map).is_ok()
+}
+
+/// A party; errors are relative to the party (`type`, not `actor.type`).
+fn party(v: &Value) -> Result<Party> {
+    match v {
+        Value::String(_) => Ok(Party::Name(string(v, "", MAX_PARTY_LEN)?)),
+        Value::Object(map) => {
+            let required = |key: &str| match field(map, key) {
+                Some(v) => string(v, key, MAX_PARTY_LEN),
+                None => Err(ValidationError::new(key, "is required")),
+            };
+            let kind = required("type")?;
+            let id = required("id")?;
+            let mut extra = map.clone();
+            extra.remove("type");
+            extra.remove("id");
+            check_size(&extra, "")?;
+            Ok(Party::Ref { kind, id, extra })
+        }
+        _ => Err(ValidationError::new(
+            "",
+            "must be a string or an object with string `type` and `id`",
+        )),
+    }
+}
+
+fn trust_tier(v: &Value) -> Result<TrustTier> {
+    match v {
+        Value::String(s) => s.parse(),
+        _ => Err(ValidationError::new("trustTier", "must be one of T0, T1, T2, T3, T4")),
+    }
+}
+
+/// An integer number of ms; `1.7e12` and `"1700000000000"` are refused so
+/// that a wrong unit or type is caught rather than guessed at.
+fn timestamp(v: &Value) -> Result<i64> {
+    let fail = |message: &str| Err(ValidationError::new("timestamp", message));
+    match v {
+        Value::Number(n) => match n.as_i64() {
+            Some(ms) => Ok(ms),
+            None if n.is_u64() => fail("is out of range for milliseconds since the Unix epoch"),
+            None => fail("must be an integer number of milliseconds since the Unix epoch"),
+        },
+        _ => fail("must be an integer number of milliseconds since the Unix epoch"),
+    }
+}
+
+#[cfg(test)]
+mod tests;
