@@ -22,28 +22,23 @@ const BOOTSTRAP_KEY_FILE: &str = "bootstrap-key";
 /// Runs the cloud until `shutdown` is cancelled; prints one
 /// `listening http=ADDR` line on stdout once it accepts connections.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let store: Arc<dyn Store> = match config.store.kind {
-        StoreKind::Embedded => {
-            Arc::new(EmbeddedStore::open(&config.store.data_dir, config.store.group_commit_window)?)
-        }
-        StoreKind::Clickhouse => {
-            anyhow::bail!("store.kind = \"clickhouse\" is not available in this build yet")
-        }
-    };
-    bootstrap(&config, store.as_ref()).await?;
-    let jwt = JwtVerifier::from_config(&config.auth.jwt)?;
-    let state = AppState {
-        usage: Arc::new(Usage::new(config.rate_limit.clone(), config.usage.clone())),
-        auth: Arc::new(Authenticator::new(jwt)),
-        metrics: Arc::new(Metrics::new()),
-        store: Arc::clone(&store),
-        config: Arc::new(config),
-    };
+    let state = build_state(config).await?;
+    let store = Arc::clone(&state.store);
 
     let listener = TcpListener::bind(state.config.http.addr)
         .await
         .map_err(|e| anyhow::anyhow!("http.addr {}: {e}", state.config.http.addr))?;
-    announce(&format!("listening http={}", listener.local_addr()?));
+    let addr = listener.local_addr()?;
+    announce(&format!("listening http={addr}"));
+    let key = match state.config.auth.bootstrap_key {
+        Some(_) => "$OPGRAPH_BOOTSTRAP_KEY".to_owned(),
+        None => format!("$(cat {})", state.config.store.data_dir.join(BOOTSTRAP_KEY_FILE).display()),
+    };
+    announce(&format!(
+        "try: curl -s -X POST http://{addr}/api/ingest -H \"Authorization: Bearer {key}\" \\\n\
+         \x20       -H 'Content-Type: application/json' -d '{{\"event\": \"pallet.scanned\"}}'\n\
+         then: curl -s http://{addr}/api/events -H \"Authorization: Bearer {key}\""
+    ));
 
     let flusher = tokio::spawn(flush_usage(state.clone(), shutdown.clone()));
     let app = api::routes().into_router(state.clone());
@@ -56,6 +51,29 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     store.close().await?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Opens the configured store, bootstraps it and builds what every handler
+/// reaches: all of start-up but binding. The ingest benchmark serves the
+/// router of exactly this state.
+pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
+    let store: Arc<dyn Store> = match config.store.kind {
+        StoreKind::Embedded => {
+            Arc::new(EmbeddedStore::open(&config.store.data_dir, config.store.group_commit_window)?)
+        }
+        StoreKind::Clickhouse => {
+            anyhow::bail!("store.kind = \"clickhouse\" is not available in this build yet")
+        }
+    };
+    bootstrap(&config, store.as_ref()).await?;
+    let jwt = JwtVerifier::from_config(&config.auth.jwt)?;
+    Ok(AppState {
+        usage: Arc::new(Usage::new(config.rate_limit.clone(), config.usage.clone())),
+        auth: Arc::new(Authenticator::new(jwt)),
+        metrics: Arc::new(Metrics::new()),
+        store,
+        config: Arc::new(config),
+    })
 }
 
 /// One line on stdout, flushed at once: test harnesses wait for it.

@@ -54,7 +54,12 @@ pub struct Process {
 impl Process {
     /// Starts `name` with `env` and waits until it has printed a
     /// `listening` line for each of `expect` (e.g. `["http"]`).
-    pub async fn start(name: &str, args: &[&str], env: &[(&str, String)], expect: &[&str]) -> Result<Process> {
+    pub async fn start(
+        name: &str,
+        args: &[&str],
+        env: &[(&str, String)],
+        expect: &[&str],
+    ) -> Result<Process> {
         let mut command = Command::new(binary(name)?);
         command
             .args(args)

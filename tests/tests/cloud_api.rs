@@ -6,13 +6,8 @@ use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
 async fn send(client: &Client, cloud: &Cloud, key: &str, body: &Value) -> (StatusCode, Value) {
-    let response = client
-        .post(cloud.at("/api/ingest"))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let response =
+        client.post(cloud.at("/api/ingest")).bearer_auth(key).json(body).send().await.unwrap();
     let status = response.status();
     (status, response.json().await.unwrap_or(Value::Null))
 }
@@ -99,8 +94,12 @@ async fn list_filters_orders_and_limits() {
     assert_eq!(body["ids"].as_array().unwrap().len(), 30);
 
     let (_, all) = get(&client, &cloud, &cloud.key, "/api/events?limit=1000").await;
-    let times: Vec<i64> =
-        all["events"].as_array().unwrap().iter().map(|e| e["timestamp"].as_i64().unwrap()).collect();
+    let times: Vec<i64> = all["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["timestamp"].as_i64().unwrap())
+        .collect();
     assert_eq!(times.len(), 30);
     assert!(times.windows(2).all(|w| w[0] >= w[1]), "newest first: {times:?}");
 
@@ -192,7 +191,8 @@ async fn invalid_input_gets_the_error_shape_and_stores_nothing() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(error_code(&answer), "not_found");
     // Wrong method on a known route.
-    let response = client.put(cloud.at("/api/ingest")).bearer_auth(&cloud.key).send().await.unwrap();
+    let response =
+        client.put(cloud.at("/api/ingest")).bearer_auth(&cloud.key).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
 
     let (_, list) = get(&client, &cloud, &cloud.key, "/api/events").await;
@@ -241,7 +241,8 @@ async fn idempotency_key_and_message_id_store_once() {
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(one["ids"][1], two["ids"][0], "a replayed messageId answers with the first id");
 
-    let (_, payments) = get(&client, &cloud, &cloud.key, "/api/events?event=payment.succeeded").await;
+    let (_, payments) =
+        get(&client, &cloud, &cloud.key, "/api/events?event=payment.succeeded").await;
     assert_eq!(payments["events"].as_array().unwrap().len(), 2);
     let (_, scans) = get(&client, &cloud, &cloud.key, "/api/events?event=scan").await;
     assert_eq!(scans["events"].as_array().unwrap().len(), 3);
@@ -289,9 +290,16 @@ async fn credentials_scopes_revocation_and_workspaces() {
     assert!(keys["keys"].as_array().unwrap().iter().any(|k| k["id"] == reader_id.as_str()));
 
     // Bad key creation bodies.
-    for body in [json!({"scopes": ["root"]}), json!({"scopes": []}), json!({"name": 5}), json!({"x": 1})] {
-        let response =
-            client.post(cloud.at("/api/keys")).bearer_auth(&cloud.key).json(&body).send().await.unwrap();
+    for body in
+        [json!({"scopes": ["root"]}), json!({"scopes": []}), json!({"name": 5}), json!({"x": 1})]
+    {
+        let response = client
+            .post(cloud.at("/api/keys"))
+            .bearer_auth(&cloud.key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
     }
 
@@ -401,7 +409,8 @@ async fn rate_limit_answers_429_with_retry_after() {
     let mut statuses = Vec::new();
     let mut retry_after = None;
     for _ in 0..5 {
-        let response = client.get(cloud.at("/api/events")).bearer_auth(&cloud.key).send().await.unwrap();
+        let response =
+            client.get(cloud.at("/api/events")).bearer_auth(&cloud.key).send().await.unwrap();
         statuses.push(response.status());
         if response.status() == StatusCode::TOO_MANY_REQUESTS {
             retry_after = response.headers().get("retry-after").cloned();
@@ -431,9 +440,17 @@ async fn health_openapi_and_metrics() {
     let response = client.get(cloud.at("/api/health?strict=1")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
 
-    let doc: Value = client.get(cloud.at("/api/openapi")).send().await.unwrap().json().await.unwrap();
+    let doc: Value =
+        client.get(cloud.at("/api/openapi")).send().await.unwrap().json().await.unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
-    for path in ["/api/ingest", "/api/events", "/api/keys", "/api/keys/{id}", "/api/workspaces", "/api/health"] {
+    for path in [
+        "/api/ingest",
+        "/api/events",
+        "/api/keys",
+        "/api/keys/{id}",
+        "/api/workspaces",
+        "/api/health",
+    ] {
         assert!(doc["paths"][path].is_object(), "{path} missing");
     }
 
@@ -441,8 +458,16 @@ async fn health_openapi_and_metrics() {
     send(&client, &cloud, &cloud.key, &json!({"event": ""})).await;
     let text = client.get(cloud.at("/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(text.contains("opgraph_events_ingested_total{source=\"http\"} 1"), "{text}");
-    assert!(text.contains("opgraph_ingest_rejections_total{reason=\"validation_failed\"} 1"), "{text}");
-    assert!(text.contains("opgraph_http_requests_total{method=\"POST\",route=\"/api/ingest\",status=\"202\"} 1"), "{text}");
+    assert!(
+        text.contains("opgraph_ingest_rejections_total{reason=\"validation_failed\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "opgraph_http_requests_total{method=\"POST\",route=\"/api/ingest\",status=\"202\"} 1"
+        ),
+        "{text}"
+    );
     assert!(text.contains("opgraph_http_request_duration_seconds_bucket"));
 }
 
