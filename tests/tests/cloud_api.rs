@@ -1,5 +1,6 @@
 //! The cloud's HTTP API against the real binary: ingest, listing, keys,
 //! workspaces, every error status of the API contract.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY};
 use reqwest::{Client, StatusCode};

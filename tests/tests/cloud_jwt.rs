@@ -1,6 +1,7 @@
 //! Enterprise tokens against the real binary: HS256, RS256 and ES256 from
 //! PEM files and from a JWKS file, and every way a token can be wrong.
 //! Keys are generated per run with the `openssl` command line tool.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::path::Path;
 use std::process::Command;

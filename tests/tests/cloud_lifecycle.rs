@@ -1,5 +1,6 @@
 //! Process-level behaviour: durability across `kill -9`, graceful SIGTERM,
 //! bad configuration, the example config, the generated bootstrap key.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use opgraph_tests::{Cloud, Process};
 use reqwest::StatusCode;
