@@ -1,0 +1,80 @@
+//! `opgraph-sim`: one subcommand per simulator; see the library docs.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{Parser, Subcommand};
+use opgraph_simulators::Error;
+use opgraph_simulators::proxy::cli::{self as proxy_cli, ProxyArgs};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Debug, Parser)]
+#[command(name = "opgraph-sim", version, about = "Opgraph device and network simulators")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Forward TCP or UDP through a simulated flaky link: loss, latency,
+    /// jitter, reordering, bandwidth cap and partitions.
+    Proxy(ProxyArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Proxy(args) => proxy_cli::run(args).await.map(drop),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ Error::InvalidConfig(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Help and version as clap prints them; any other argument error as one
+/// line on stderr.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+    }
+    let rendered = e.render().to_string();
+    let first_paragraph: Vec<&str> =
+        rendered.lines().map(str::trim).take_while(|line| !line.is_empty()).collect();
+    eprintln!("{} (see --help)", first_paragraph.join(" "));
+    ExitCode::from(2)
+}
