@@ -138,7 +138,13 @@ mod tests {
 
     #[test]
     fn ack_round_trips() {
-        let ack = pb::Ack { gateway_id: "g".into(), epoch: 1, acked_sequence: 9, status: 1, error: String::new() };
+        let ack = pb::Ack {
+            gateway_id: "g".into(),
+            epoch: 1,
+            acked_sequence: 9,
+            status: 1,
+            error: String::new(),
+        };
         let bytes = encode_message(FrameKind::Ack, &ack);
         let (kind, _) = decode_header(header_of(&bytes)).unwrap();
         assert_eq!(kind, FrameKind::Ack);
@@ -148,7 +154,10 @@ mod tests {
     #[test]
     fn hostile_frames_are_refused() {
         assert_eq!(decode_header([9, 0, 0, 0, 1]), Err(FrameError::UnknownKind(9)));
-        assert!(matches!(decode_header([3, 0xff, 0xff, 0xff, 0xff]), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            decode_header([3, 0xff, 0xff, 0xff, 0xff]),
+            Err(FrameError::TooLarge { .. })
+        ));
         assert!(matches!(decode_batch(b"not zstd"), Err(FrameError::Decompress(_))));
         // A decompression bomb: 100 MiB of zeros compresses to a few KiB.
         let bomb = zstd::bulk::compress(&vec![0u8; 100 * 1024 * 1024], 3).unwrap();

@@ -1,0 +1,301 @@
+//! Gateway receivers: where edge batches come in, over gRPC ([`grpc`]) or
+//! QUIC ([`quic`]). Both transports end in [`Receiver`], which owns the
+//! delivery rules, so the two cannot drift apart:
+//!
+//! - A session starts with Hello: the store bumps the gateway's epoch
+//!   (fencing any older connection) and returns the cumulative ack, from
+//!   which the gateway resends.
+//! - A batch covers `first..=last`; it is checked for shape (ranges that go
+//!   backwards, sequences outside the range or out of order, too many
+//!   events: REJECTED, nothing stored), its envelopes are validated like
+//!   HTTP ones (an invalid envelope is skipped, counted and named in the
+//!   ack's `error`: one bad reading must not stall a site's delivery), and it
+//!   is committed in one transaction that also advances the ack.
+//! - A batch that arrives before the one in front of it (parallel QUIC
+//!   streams) waits briefly for the gap to close instead of failing.
+//! - Store trouble answers RETRY_LATER: the gateway keeps its buffer.
+
+pub mod grpc;
+pub mod quic;
+pub mod tls;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use opgraph_proto::{Event, pb};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::auth::{Authenticator, Principal, Scope};
+use crate::error::{Error, Result};
+use crate::store::gateway::BatchCommit;
+use crate::store::{NewEvent, Store};
+use crate::telemetry::Metrics;
+
+/// Most events in one batch.
+pub const MAX_BATCH_EVENTS: usize = 10_000;
+const MAX_GATEWAY_ID_LEN: usize = 200;
+const MAX_EVENT_ID_LEN: usize = 64;
+/// How long a batch that arrived ahead of its predecessor waits for it.
+const GAP_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiverConfig {
+    /// gRPC (TLS) address; port 0 picks one, printed as `listening grpc=...`.
+    /// Default `127.0.0.1:50051`. Env `OPGRAPH_GRPC_ADDR`; `off` disables.
+    pub grpc_addr: Option<SocketAddr>,
+    /// QUIC (UDP) address, printed as `listening quic=...`. Default
+    /// `127.0.0.1:4433`. Env `OPGRAPH_QUIC_ADDR`; `off` disables.
+    pub quic_addr: Option<SocketAddr>,
+    /// Server certificate chain (PEM). Unset: a self-signed certificate for
+    /// `localhost` and `127.0.0.1` is made once and kept in the data
+    /// directory (`receiver-cert.pem`), for gateways to pin. Env
+    /// `OPGRAPH_TLS_CERT_FILE`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of `tls_cert_file` (PEM). Env `OPGRAPH_TLS_KEY_FILE`.
+    pub tls_key_file: Option<PathBuf>,
+    /// When set, gateways must also present a client certificate signed by
+    /// this CA (mutual TLS), on top of their API key. Env
+    /// `OPGRAPH_TLS_CLIENT_CA_FILE`.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        ReceiverConfig {
+            grpc_addr: Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
+            quic_addr: Some(SocketAddr::from(([127, 0, 0, 1], 4433))),
+            tls_cert_file: None,
+            tls_key_file: None,
+            client_ca_file: None,
+        }
+    }
+}
+
+/// A batch's valid events with their sequences, and a description of each
+/// skipped (invalid) one.
+type CheckedBatch = (Vec<(u64, NewEvent)>, Vec<String>);
+
+/// The transport-independent half of both receivers.
+pub struct Receiver {
+    store: Arc<dyn Store>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+    /// Per (workspace, gateway): the latest ack, for batches waiting on a
+    /// gap.
+    acks: Mutex<HashMap<(String, String), watch::Sender<u64>>>,
+}
+
+const MAX_TRACKED_GATEWAYS: usize = 100_000;
+
+impl Receiver {
+    pub fn new(store: Arc<dyn Store>, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> Self {
+        Receiver { store, auth, metrics, acks: Mutex::new(HashMap::new()) }
+    }
+
+    /// Checks an `Authorization` value (`Bearer og_...`) for the ingest scope.
+    pub async fn authenticate(&self, authorization: &str) -> Result<Principal> {
+        let mut headers = HeaderMap::new();
+        let value = HeaderValue::from_str(authorization)
+            .map_err(|_| Error::Unauthorized("malformed credential"))?;
+        headers.insert(header::AUTHORIZATION, value);
+        let principal = self.auth.authenticate(&headers, self.store.as_ref()).await;
+        let principal = principal.and_then(|p| p.require(Scope::Ingest).map(|()| p));
+        if let Err(e) = &principal {
+            self.metrics.reject(&format!("receiver_{}", e.code()));
+        }
+        principal
+    }
+
+    pub async fn hello(
+        &self,
+        principal: &Principal,
+        hello: &pb::HelloRequest,
+    ) -> Result<pb::HelloResponse> {
+        check_gateway_id(&hello.gateway_id)?;
+        let session =
+            self.store.open_gateway_session(&principal.workspace_id, &hello.gateway_id).await?;
+        self.publish(principal, &hello.gateway_id, session.acked_sequence);
+        tracing::info!(
+            workspace = %principal.workspace_id,
+            gateway = %hello.gateway_id,
+            epoch = session.epoch,
+            acked = session.acked_sequence,
+            version = %hello.software_version,
+            "gateway session opened"
+        );
+        Ok(pb::HelloResponse { epoch: session.epoch, acked_sequence: session.acked_sequence })
+    }
+
+    /// Handles one batch and says how it went; never fails: every outcome
+    /// is an ack the gateway can act on.
+    pub async fn batch(&self, principal: &Principal, transport: &str, batch: pb::Batch) -> pb::Ack {
+        let mut ack = pb::Ack {
+            gateway_id: batch.gateway_id.clone(),
+            epoch: batch.epoch,
+            acked_sequence: 0,
+            status: pb::AckStatus::Ok as i32,
+            error: String::new(),
+        };
+        let (events, skipped) = match self.check(&batch) {
+            Ok(checked) => checked,
+            Err(reason) => {
+                self.metrics.reject("batch_rejected");
+                tracing::warn!(gateway = %batch.gateway_id, %reason, "batch rejected");
+                ack.status = pb::AckStatus::Rejected as i32;
+                ack.error = reason;
+                return ack;
+            }
+        };
+        let range = (batch.first_sequence, batch.last_sequence);
+        let mut attempt = 0;
+        let outcome = loop {
+            attempt += 1;
+            let commit = self
+                .store
+                .commit_gateway_batch(
+                    &principal.workspace_id,
+                    &batch.gateway_id,
+                    batch.epoch,
+                    range,
+                    events.clone(),
+                )
+                .await;
+            match commit {
+                Ok(BatchCommit::Gap { acked_sequence }) if attempt == 1 => {
+                    self.wait_for_ack(principal, &batch.gateway_id, batch.first_sequence - 1).await;
+                    let _ = acked_sequence;
+                }
+                other => break other,
+            }
+        };
+        match outcome {
+            Ok(BatchCommit::Acked { acked_sequence, inserted }) => {
+                self.metrics.ingested(transport, inserted);
+                self.publish(principal, &batch.gateway_id, acked_sequence);
+                ack.acked_sequence = acked_sequence;
+                if !skipped.is_empty() {
+                    self.metrics
+                        .rejections
+                        .get_or_create(&crate::telemetry::ReasonLabels {
+                            reason: "invalid_event".into(),
+                        })
+                        .inc_by(skipped.len() as u64);
+                    ack.error = format!(
+                        "skipped {} invalid event(s): {}",
+                        skipped.len(),
+                        skipped.join("; ")
+                    );
+                }
+            }
+            Ok(BatchCommit::Gap { acked_sequence }) => {
+                ack.status = pb::AckStatus::RetryLater as i32;
+                ack.acked_sequence = acked_sequence;
+                ack.error = format!(
+                    "batch starts at {} but only {acked_sequence} is stored: an earlier batch is missing",
+                    batch.first_sequence
+                );
+            }
+            Ok(BatchCommit::Fenced { current_epoch }) => {
+                self.metrics.reject("fenced");
+                ack.status = pb::AckStatus::Fenced as i32;
+                ack.error = format!("epoch {} is stale; current is {current_epoch}", batch.epoch);
+            }
+            Err(e) => {
+                tracing::warn!(gateway = %batch.gateway_id, error = %e, "batch not stored");
+                self.metrics.reject("store_unavailable");
+                ack.status = if e.retryable() {
+                    pb::AckStatus::RetryLater as i32
+                } else {
+                    pb::AckStatus::Rejected as i32
+                };
+                ack.error = e.to_string();
+            }
+        }
+        ack
+    }
+
+    /// Shape checks, then per-event validation. Returns the valid events
+    /// with their sequences, and a description of each skipped one.
+    fn check(&self, batch: &pb::Batch) -> Result<CheckedBatch, String> {
+        check_gateway_id(&batch.gateway_id).map_err(|e| e.to_string())?;
+        let (first, last) = (batch.first_sequence, batch.last_sequence);
+        if first == 0 || last < first {
+            return Err(format!("invalid sequence range {first}..={last}"));
+        }
+        if batch.events.len() > MAX_BATCH_EVENTS {
+            return Err(format!(
+                "{} events exceed the limit of {MAX_BATCH_EVENTS}",
+                batch.events.len()
+            ));
+        }
+        let now = crate::now_ms();
+        let mut previous = first - 1;
+        let mut valid = Vec::with_capacity(batch.events.len());
+        let mut skipped = Vec::new();
+        for (i, message) in batch.events.iter().enumerate() {
+            let seq = message.sequence;
+            if seq <= previous || seq > last {
+                return Err(format!(
+                    "events[{i}]: sequence {seq} is out of order or outside {first}..={last}"
+                ));
+            }
+            previous = seq;
+            if message.id.is_empty() || message.id.len() > MAX_EVENT_ID_LEN {
+                return Err(format!("events[{i}]: id must be 1 to {MAX_EVENT_ID_LEN} bytes"));
+            }
+            let received_at = message.received_at_ms.filter(|t| *t > 0 && *t <= now + 86_400_000);
+            let received_at = received_at.unwrap_or(now);
+            let event = Event::from_pb(message, now)
+                .map_err(Error::from)
+                .and_then(|e| crate::api::ingest::finish_envelope(e, received_at));
+            match event {
+                Ok(event) => {
+                    valid.push((seq, NewEvent { id: message.id.clone(), received_at, event }))
+                }
+                Err(e) => skipped.push(format!("seq {seq} ({}): {e}", message.id)),
+            }
+        }
+        Ok((valid, skipped))
+    }
+
+    fn publish(&self, principal: &Principal, gateway: &str, acked: u64) {
+        let Ok(mut acks) = self.acks.lock() else { return };
+        if acks.len() >= MAX_TRACKED_GATEWAYS {
+            acks.retain(|_, tx| tx.receiver_count() > 0);
+        }
+        let key = (principal.workspace_id.clone(), gateway.to_owned());
+        acks.entry(key).or_insert_with(|| watch::channel(0).0).send_if_modified(|current| {
+            let advanced = acked > *current;
+            *current = (*current).max(acked);
+            advanced
+        });
+    }
+
+    async fn wait_for_ack(&self, principal: &Principal, gateway: &str, at_least: u64) {
+        let receiver = {
+            let Ok(mut acks) = self.acks.lock() else { return };
+            let key = (principal.workspace_id.clone(), gateway.to_owned());
+            acks.entry(key).or_insert_with(|| watch::channel(0).0).subscribe()
+        };
+        let mut receiver = receiver;
+        let _ = tokio::time::timeout(GAP_WAIT, receiver.wait_for(|acked| *acked >= at_least)).await;
+    }
+}
+
+fn check_gateway_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > MAX_GATEWAY_ID_LEN || id.chars().any(char::is_control) {
+        return Err(Error::validation(
+            "gatewayId",
+            format!(
+                "gateway id must be 1 to {MAX_GATEWAY_ID_LEN} bytes without control characters"
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! The gRPC receiver (tonic over TLS): `Hello` opens a session, `Send` is a
+//! bidirectional stream of batches and acks on one HTTP/2 stream.
+//!
+//! The credential travels in the `authorization` metadata. Batches may be
+//! zstd-compressed; tonic enforces the decoded size limit, so neither a huge
+//! message nor a decompression bomb is ever held in memory.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use opgraph_proto::frame::MAX_BATCH_BYTES;
+use opgraph_proto::pb;
+use opgraph_proto::pb::ingest_server::{Ingest, IngestServer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::Receiver;
+use super::tls::TlsMaterial;
+use crate::auth::Principal;
+use crate::error::Error;
+
+pub struct GrpcReceiver {
+    receiver: Arc<Receiver>,
+}
+
+fn status(e: Error) -> Status {
+    match e {
+        Error::Unauthorized(m) => Status::unauthenticated(m),
+        Error::Forbidden(m) => Status::permission_denied(m),
+        Error::Validation { message, .. } => Status::invalid_argument(message),
+        e if e.retryable() => Status::unavailable(e.to_string()),
+        e => Status::internal(e.to_string()),
+    }
+}
+
+impl GrpcReceiver {
+    async fn principal<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
+        let value = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| Status::unauthenticated("missing authorization metadata"))?;
+        self.receiver.authenticate(value).await.map_err(status)
+    }
+}
+
+#[tonic::async_trait]
+impl Ingest for GrpcReceiver {
+    async fn hello(
+        &self,
+        request: Request<pb::HelloRequest>,
+    ) -> Result<Response<pb::HelloResponse>, Status> {
+        let principal = self.principal(&request).await?;
+        self.receiver.hello(&principal, request.get_ref()).await.map(Response::new).map_err(status)
+    }
+
+    type SendStream = ReceiverStream<Result<pb::Ack, Status>>;
+
+    async fn send(
+        &self,
+        request: Request<Streaming<pb::Batch>>,
+    ) -> Result<Response<Self::SendStream>, Status> {
+        let principal = self.principal(&request).await?;
+        let mut batches = request.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let receiver = Arc::clone(&self.receiver);
+        tokio::spawn(async move {
+            loop {
+                let batch = match batches.message().await {
+                    Ok(Some(batch)) => batch,
+                    Ok(None) => return,
+                    Err(e) => {
+                        // Undecodable or oversized frame: tell the client why
+                        // and end the stream; nothing of it was stored.
+                        receiver.metrics.reject("bad_frame");
+                        tracing::warn!(error = %e, "bad gRPC batch frame");
+                        let _ =
+                            tx.send(Err(Status::invalid_argument(e.message().to_owned()))).await;
+                        return;
+                    }
+                };
+                let ack = receiver.batch(&principal, "grpc", batch).await;
+                let fenced = ack.status == pb::AckStatus::Fenced as i32;
+                if tx.send(Ok(ack)).await.is_err() || fenced {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Binds and serves until `shutdown`; returns the bound address at once.
+pub async fn start(
+    addr: SocketAddr,
+    receiver: Arc<Receiver>,
+    tls: &TlsMaterial,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let mut tls_config =
+        ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem));
+    if let Some(ca) = &tls.client_ca_pem {
+        tls_config = tls_config.client_ca_root(Certificate::from_pem(ca));
+    }
+    let service = IngestServer::new(GrpcReceiver { receiver })
+        .accept_compressed(CompressionEncoding::Zstd)
+        .max_decoding_message_size(MAX_BATCH_BYTES);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("receivers.grpc_addr {addr}: {e}"))?;
+    let bound = listener.local_addr()?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let router = Server::builder().tls_config(tls_config)?.add_service(service);
+    let task = tokio::spawn(async move {
+        if let Err(e) =
+            router.serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned()).await
+        {
+            tracing::error!(error = %e, "gRPC receiver stopped");
+        }
+    });
+    Ok((bound, task))
+}
