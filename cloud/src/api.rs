@@ -5,11 +5,18 @@
 //! Every route is added through [`Routes`], which remembers it, so a test can
 //! check that each one is described in the OpenAPI document.
 
+pub mod connectors;
+pub mod enforce;
 pub mod events;
+pub mod governance;
 pub mod health;
 pub mod ingest;
 pub mod keys;
 pub mod openapi;
+pub mod proofs;
+pub mod scan;
+pub mod trackables;
+pub mod tracking_plans;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,6 +47,8 @@ pub struct AppState {
     pub auth: Arc<Authenticator>,
     pub usage: Arc<Usage>,
     pub metrics: Arc<Metrics>,
+    /// The public scan redirect's rate limiter and IP salt.
+    pub scans: Arc<scan::ScanGuard>,
 }
 
 /// Authenticates, then applies the workspace's rate limit. Handlers that take
@@ -184,6 +193,46 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/api/keys", keys::list)
         .add(Method::DELETE, "/api/keys/{id}", keys::revoke)
         .add(Method::POST, "/api/workspaces", keys::create_workspace)
+        .add(Method::POST, "/api/trackables", trackables::create)
+        .add(Method::GET, "/api/trackables", trackables::list)
+        .add(Method::GET, "/api/trackables/{id}", trackables::get)
+        .add(Method::POST, "/api/track", trackables::track)
+        .add(Method::GET, "/r/{code}", scan::scan)
+        .add(Method::POST, "/api/connectors/ingest", connectors::ingest)
+        .governance()
+}
+
+impl Routes {
+    /// Governance: decision objects, grants, contracts, tracking plans,
+    /// enforcement, receipts and proof trails (docs/governance.md).
+    fn governance(self) -> Self {
+        use governance as g;
+        const DECISIONS: &str = "/api/governance/decision-objects";
+        const GRANTS: &str = "/api/governance/authority-grants";
+        const CONTRACTS: &str = "/api/governance/context-contracts";
+        self.add(Method::POST, DECISIONS, g::create_decision)
+            .add(Method::GET, DECISIONS, g::list_decisions)
+            .add(Method::GET, "/api/governance/decision-objects/{id}", g::get_decision)
+            .add(Method::PATCH, "/api/governance/decision-objects/{id}", g::patch_decision)
+            .add(Method::POST, GRANTS, g::create_grant)
+            .add(Method::GET, GRANTS, g::list_grants)
+            .add(Method::GET, "/api/governance/authority-grants/{id}", g::get_grant)
+            .add(Method::PATCH, "/api/governance/authority-grants/{id}", g::patch_grant)
+            .add(Method::POST, CONTRACTS, g::create_contract)
+            .add(Method::GET, CONTRACTS, g::list_contracts)
+            .add(Method::GET, "/api/governance/context-contracts/{id}", g::get_contract)
+            .add(Method::POST, "/api/governance/enforce", enforce::enforce)
+            .add(Method::GET, "/api/governance/receipts", enforce::list_receipts)
+            .add(Method::GET, "/api/governance/receipts/verify", enforce::verify_receipts)
+            .add(Method::GET, "/api/governance/receipts/{id}", enforce::get_receipt)
+            .add(Method::POST, "/api/tracking-plans", tracking_plans::create)
+            .add(Method::GET, "/api/tracking-plans", tracking_plans::list)
+            .add(Method::GET, "/api/tracking-plans/{id}", tracking_plans::get)
+            .add(Method::POST, "/api/proof-event-trails/export", proofs::export)
+            .add(Method::GET, "/api/proof-event-trails", proofs::list)
+            .add(Method::GET, "/api/proof-event-trails/{id}", proofs::get)
+            .add(Method::GET, "/api/proof-event-trails/{id}/verify", proofs::verify)
+    }
 }
 
 /// Counts and times every request by its route template.

@@ -144,9 +144,8 @@ impl Authenticator {
         let value = headers
             .get(axum::http::header::AUTHORIZATION)
             .ok_or(Error::Unauthorized("missing Authorization header"))?;
-        let value = value
-            .to_str()
-            .map_err(|_| Error::Unauthorized("malformed Authorization header"))?;
+        let value =
+            value.to_str().map_err(|_| Error::Unauthorized("malformed Authorization header"))?;
         let credential = value
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
@@ -176,8 +175,7 @@ impl Authenticator {
                 subject: record.id,
             })
         } else {
-            let verifier =
-                self.jwt.as_ref().ok_or(Error::Unauthorized("unknown credential"))?;
+            let verifier = self.jwt.as_ref().ok_or(Error::Unauthorized("unknown credential"))?;
             let claims = verifier.verify(credential)?;
             let workspace_id = requested.ok_or(Error::MissingWorkspaceHeader)?;
             if !claims.workspaces.contains(&workspace_id) {
@@ -199,9 +197,10 @@ impl Authenticator {
         let hash = hash_key(key);
         if let Ok(cache) = self.cache.lock()
             && let Some((at, record)) = cache.get(&hash)
-                && at.elapsed() < KEY_CACHE_TTL {
-                    return Ok(record.clone());
-                }
+            && at.elapsed() < KEY_CACHE_TTL
+        {
+            return Ok(record.clone());
+        }
         let record = store.find_api_key(&hash).await?;
         if let Ok(mut cache) = self.cache.lock() {
             if cache.len() >= KEY_CACHE_MAX {

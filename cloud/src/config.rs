@@ -21,6 +21,9 @@ pub struct Config {
     pub auth: AuthConfig,
     pub rate_limit: RateLimitConfig,
     pub usage: UsageConfig,
+    pub scan: ScanConfig,
+    pub receivers: crate::receiver::ReceiverConfig,
+    pub governance: GovernanceConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -32,6 +35,12 @@ pub struct HttpConfig {
     /// Largest request body accepted; larger ones get 413 before parsing.
     /// Default `1MiB`. Env `OPGRAPH_BODY_LIMIT`.
     pub body_limit: ByteSize,
+    /// Base of the public links the API hands out (the `scanUrl` of a
+    /// trackable, which its QR code encodes), e.g. `https://go.example.com`:
+    /// an absolute http(s) URL without query or fragment. Default: `http://`
+    /// and the bound HTTP address, which only suits local use. Env
+    /// `OPGRAPH_PUBLIC_URL`.
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -118,12 +127,71 @@ pub struct UsageConfig {
     pub monthly_event_quota: u64,
 }
 
+/// The public scan redirect `GET /r/{code}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScanConfig {
+    /// Scans recorded per minute and per code, sustained; past it a scan
+    /// still redirects but is not recorded, so a flood can neither fill the
+    /// store nor break a printed code. 0 records every scan. Default 600.
+    /// Env `OPGRAPH_SCAN_RATE_PER_MINUTE`.
+    pub rate_per_minute: u32,
+    /// Scans of one code recorded at once above the sustained rate. Default
+    /// 60. Env `OPGRAPH_SCAN_BURST`.
+    pub burst: u32,
+    /// Salt of the SHA-256 under which a scanner's IP address is kept (the
+    /// address itself never is). Default: 32 random bytes generated on first
+    /// start and kept in `<data_dir>/scan-ip-salt` (mode 0600); set it to
+    /// share hashes across nodes. At least 16 characters. Never logged. Env
+    /// `OPGRAPH_SCAN_IP_SALT`.
+    pub ip_salt: Option<String>,
+    /// Take the client address from the first `X-Forwarded-For` entry
+    /// instead of the TCP peer. Only behind a proxy that sets it: otherwise
+    /// a client chooses what is hashed. Default false. Env
+    /// `OPGRAPH_SCAN_TRUST_FORWARDED_FOR`.
+    pub trust_forwarded_for: bool,
+}
+
+impl Default for ScanConfig {
+    fn default() -> Self {
+        ScanConfig { rate_per_minute: 600, burst: 60, ip_salt: None, trust_forwarded_for: false }
+    }
+}
+
+/// Governance: where proof trails are pushed (`pushToExternalProof`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GovernanceConfig {
+    /// HTTPS endpoint that receives proof-trail packets (POST, JSON). Unset:
+    /// a request to push is a 400. Must be `https://`. Env
+    /// `OPGRAPH_PROOF_URL`.
+    pub proof_url: Option<String>,
+    /// PEM file of the CA to trust for `proof_url` *instead of* the
+    /// platform's roots (a private endpoint, or a test). Env
+    /// `OPGRAPH_PROOF_CA_FILE`.
+    pub proof_ca_file: Option<PathBuf>,
+    /// Bound on one push, connection to last byte. Default `10s`; at most
+    /// `5min`. Env `OPGRAPH_PROOF_TIMEOUT`.
+    #[serde(with = "humantime_serde")]
+    pub proof_timeout: Duration,
+}
+
+impl Default for GovernanceConfig {
+    fn default() -> Self {
+        GovernanceConfig {
+            proof_url: None,
+            proof_ca_file: None,
+            proof_timeout: Duration::from_secs(10),
+        }
+    }
+}
 
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             body_limit: ByteSize::mib(1),
+            public_url: None,
         }
     }
 }
@@ -144,7 +212,6 @@ impl Default for RateLimitConfig {
         RateLimitConfig { requests_per_second: 1000, burst: 2000 }
     }
 }
-
 
 /// A configuration problem, with the key path it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +266,49 @@ impl Config {
         }
         if let Some(v) = env("OPGRAPH_BODY_LIMIT") {
             self.http.body_limit = parsed("OPGRAPH_BODY_LIMIT", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_PUBLIC_URL") {
+            self.http.public_url = Some(v);
+        }
+        if let Some(v) = env("OPGRAPH_SCAN_RATE_PER_MINUTE") {
+            self.scan.rate_per_minute = parsed("OPGRAPH_SCAN_RATE_PER_MINUTE", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_SCAN_BURST") {
+            self.scan.burst = parsed("OPGRAPH_SCAN_BURST", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_SCAN_IP_SALT") {
+            self.scan.ip_salt = Some(v);
+        }
+        if let Some(v) = env("OPGRAPH_SCAN_TRUST_FORWARDED_FOR") {
+            self.scan.trust_forwarded_for = parsed("OPGRAPH_SCAN_TRUST_FORWARDED_FOR", v)?;
+        }
+        for (name, slot) in [
+            ("OPGRAPH_GRPC_ADDR", &mut self.receivers.grpc_addr),
+            ("OPGRAPH_QUIC_ADDR", &mut self.receivers.quic_addr),
+        ] {
+            if let Some(v) = env(name) {
+                *slot = if v.trim() == "off" { None } else { Some(parsed(name, v)?) };
+            }
+        }
+        for (name, slot) in [
+            ("OPGRAPH_TLS_CERT_FILE", &mut self.receivers.tls_cert_file),
+            ("OPGRAPH_TLS_KEY_FILE", &mut self.receivers.tls_key_file),
+            ("OPGRAPH_TLS_CLIENT_CA_FILE", &mut self.receivers.client_ca_file),
+        ] {
+            if let Some(v) = env(name) {
+                *slot = Some(PathBuf::from(v));
+            }
+        }
+        if let Some(v) = env("OPGRAPH_PROOF_URL") {
+            self.governance.proof_url = Some(v);
+        }
+        if let Some(v) = env("OPGRAPH_PROOF_CA_FILE") {
+            self.governance.proof_ca_file = Some(PathBuf::from(v));
+        }
+        if let Some(v) = env("OPGRAPH_PROOF_TIMEOUT") {
+            self.governance.proof_timeout =
+                humantime_serde::re::humantime::parse_duration(v.trim())
+                    .map_err(|e| problem("OPGRAPH_PROOF_TIMEOUT", format!("{e}: {v:?}")))?;
         }
         if let Some(v) = env("OPGRAPH_DATA_DIR") {
             self.store.data_dir = PathBuf::from(v);
@@ -263,17 +373,19 @@ impl Config {
             return Err(problem("store.group_commit_window", "must be at most 1s"));
         }
         if let Some(key) = &self.auth.bootstrap_key
-            && !crate::auth::looks_like_api_key(key) {
-                return Err(problem(
-                    "auth.bootstrap_key",
-                    "must be `og_` followed by at least 20 letters or digits",
-                ));
-            }
+            && !crate::auth::looks_like_api_key(key)
+        {
+            return Err(problem(
+                "auth.bootstrap_key",
+                "must be `og_` followed by at least 20 letters or digits",
+            ));
+        }
         let jwt = &self.auth.jwt;
-        let sources = [jwt.secret.is_some(), jwt.public_key_file.is_some(), jwt.jwks_file.is_some()]
-            .into_iter()
-            .filter(|set| *set)
-            .count();
+        let sources =
+            [jwt.secret.is_some(), jwt.public_key_file.is_some(), jwt.jwks_file.is_some()]
+                .into_iter()
+                .filter(|set| *set)
+                .count();
         if sources > 1 {
             return Err(problem(
                 "auth.jwt",
@@ -281,9 +393,33 @@ impl Config {
             ));
         }
         if let Some(secret) = &jwt.secret
-            && secret.len() < 32 {
-                return Err(problem("auth.jwt.secret", "must be at least 32 bytes for HS256"));
-            }
+            && secret.len() < 32
+        {
+            return Err(problem("auth.jwt.secret", "must be at least 32 bytes for HS256"));
+        }
+        if let Some(url) = &self.http.public_url
+            && let Err(why) = crate::trackables::check_public_base_url(url)
+        {
+            return Err(problem("http.public_url", why));
+        }
+        if self.scan.rate_per_minute > 0 && self.scan.burst == 0 {
+            return Err(problem("scan.burst", "must be at least 1 when scan limiting is on"));
+        }
+        if let Some(salt) = &self.scan.ip_salt
+            && salt.chars().count() < 16
+        {
+            return Err(problem("scan.ip_salt", "must be at least 16 characters"));
+        }
+        if let Some(url) = &self.governance.proof_url
+            && !url.starts_with("https://")
+        {
+            return Err(problem("governance.proof_url", "must be an https:// URL"));
+        }
+        if self.governance.proof_timeout.is_zero()
+            || self.governance.proof_timeout > Duration::from_secs(300)
+        {
+            return Err(problem("governance.proof_timeout", "must be between 1ms and 5min"));
+        }
         if self.rate_limit.requests_per_second > 0 && self.rate_limit.burst == 0 {
             return Err(problem("rate_limit.burst", "must be at least 1 when limiting is on"));
         }
@@ -326,8 +462,8 @@ mod tests {
 
     #[test]
     fn bad_env_value_names_the_variable() {
-        let err = Config::load(None, |k| (k == "OPGRAPH_STORE").then(|| "duck".into()))
-            .unwrap_err();
+        let err =
+            Config::load(None, |k| (k == "OPGRAPH_STORE").then(|| "duck".into())).unwrap_err();
         assert_eq!(err.key, "OPGRAPH_STORE");
     }
 
@@ -336,6 +472,28 @@ mod tests {
         let err = Config::load(None, |k| (k == "OPGRAPH_BOOTSTRAP_KEY").then(|| "og_x".into()))
             .unwrap_err();
         assert_eq!(err.key, "auth.bootstrap_key");
+    }
+
+    #[test]
+    fn public_url_must_be_an_absolute_http_base() {
+        let with =
+            |url: &'static str| move |k: &str| (k == "OPGRAPH_PUBLIC_URL").then(|| url.to_owned());
+        let config = Config::load(None, with("https://go.example.com")).unwrap();
+        assert_eq!(config.http.public_url.as_deref(), Some("https://go.example.com"));
+        for bad in ["go.example.com", "ftp://x.example", "https://x.example/?a=1", "javascript:x"] {
+            let err = Config::load(None, with(bad)).unwrap_err();
+            assert_eq!(err.key, "http.public_url", "{bad}");
+        }
+    }
+
+    #[test]
+    fn scan_settings_are_checked() {
+        let err = Config::parse("[scan]\nburst = 0\n").and_then(|c| c.validate()).unwrap_err();
+        assert_eq!(err.key, "scan.burst");
+        let err = Config::load(None, |k| (k == "OPGRAPH_SCAN_IP_SALT").then(|| "short".into()))
+            .unwrap_err();
+        assert_eq!(err.key, "scan.ip_salt");
+        assert!(!err.to_string().contains("short"), "the salt is never echoed: {err}");
     }
 
     #[test]

@@ -12,16 +12,32 @@
 //!   exactly one place ([`error`]).
 //! - [`store`] is the seam to storage: every call is scoped to a workspace;
 //!   [`store::embedded`] is the SQLite default.
+//! - [`receiver`] takes gateway batches over gRPC and QUIC and commits
+//!   them exactly once, answering with cumulative acknowledgements.
+//! - [`governance`] is the I/O-free core of the governance layer
+//!   (decision statuses, enforcement rules, receipt hashing and chains,
+//!   Merkle proofs); `api::{governance, enforce, proofs}` drive it through
+//!   the store's `GovernanceStore` part.
+//! - [`trackables`] (kinds, codes, URL checks, QR codes) and
+//!   [`connectors`] (provider records to events) are I/O-free cores that
+//!   `api::trackables`, `api::scan` and `api::connectors` drive through
+//!   the store's `TrackableStore` and `ConnectorStore` parts.
+//! - [`proof_push`] sends proof trails to the external proof service.
 //! - [`telemetry`] holds the Prometheus metrics; [`ids`] makes identifiers.
 
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod connectors;
 pub mod error;
+pub mod governance;
 pub mod ids;
+pub mod proof_push;
+pub mod receiver;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod trackables;
 pub mod usage;
 
 /// Milliseconds since the Unix epoch, the unit of every time in the API.

@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState};
 use crate::auth::{self, Authenticator, Scope, jwt::JwtVerifier};
 use crate::config::{Config, StoreKind};
+use crate::receiver::tls::TlsMaterial;
+use crate::receiver::{Receiver, grpc, quic};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::{ApiKeyRecord, NewApiKey, Store, Workspace};
 use crate::telemetry::Metrics;
@@ -22,17 +24,21 @@ const BOOTSTRAP_KEY_FILE: &str = "bootstrap-key";
 /// Runs the cloud until `shutdown` is cancelled; prints one
 /// `listening http=ADDR` line on stdout once it accepts connections.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let state = build_state(config).await?;
+    let mut state = build_state(config).await?;
     let store = Arc::clone(&state.store);
 
     let listener = TcpListener::bind(state.config.http.addr)
         .await
         .map_err(|e| anyhow::anyhow!("http.addr {}: {e}", state.config.http.addr))?;
     let addr = listener.local_addr()?;
+    api::trackables::default_public_url(&mut state, addr);
     announce(&format!("listening http={addr}"));
+    let receivers = start_receivers(&state, shutdown.clone()).await?;
     let key = match state.config.auth.bootstrap_key {
         Some(_) => "$OPGRAPH_BOOTSTRAP_KEY".to_owned(),
-        None => format!("$(cat {})", state.config.store.data_dir.join(BOOTSTRAP_KEY_FILE).display()),
+        None => {
+            format!("$(cat {})", state.config.store.data_dir.join(BOOTSTRAP_KEY_FILE).display())
+        }
     };
     announce(&format!(
         "try: curl -s -X POST http://{addr}/api/ingest -H \"Authorization: Bearer {key}\" \\\n\
@@ -43,14 +49,52 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let flusher = tokio::spawn(flush_usage(state.clone(), shutdown.clone()));
     let app = api::routes().into_router(state.clone());
     let stop = shutdown.clone();
-    axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await?;
+    // With the peer address: the scan redirect hashes it (api::scan).
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await?;
 
     shutdown.cancel();
+    for task in receivers {
+        let _ = task.await;
+    }
     let _ = flusher.await;
     state.usage.flush(state.store.as_ref()).await;
     store.close().await?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Starts the gRPC and QUIC gateway receivers that are configured, each
+/// announcing its bound address.
+async fn start_receivers(
+    state: &AppState,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let config = &state.config.receivers;
+    if config.grpc_addr.is_none() && config.quic_addr.is_none() {
+        return Ok(Vec::new());
+    }
+    let tls = TlsMaterial::load(config, &state.config.store.data_dir)?;
+    let receiver = Arc::new(Receiver::new(
+        Arc::clone(&state.store),
+        Arc::clone(&state.auth),
+        Arc::clone(&state.metrics),
+    ));
+    let mut tasks = Vec::new();
+    if let Some(addr) = config.grpc_addr {
+        let (bound, task) =
+            grpc::start(addr, Arc::clone(&receiver), &tls, shutdown.clone()).await?;
+        announce(&format!("listening grpc={bound}"));
+        tasks.push(task);
+    }
+    if let Some(addr) = config.quic_addr {
+        let (bound, task) = quic::start(addr, Arc::clone(&receiver), &tls, shutdown.clone())?;
+        announce(&format!("listening quic={bound}"));
+        tasks.push(task);
+    }
+    Ok(tasks)
 }
 
 /// Opens the configured store, bootstraps it and builds what every handler
@@ -71,6 +115,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
         usage: Arc::new(Usage::new(config.rate_limit.clone(), config.usage.clone())),
         auth: Arc::new(Authenticator::new(jwt)),
         metrics: Arc::new(Metrics::new()),
+        scans: Arc::new(api::scan::ScanGuard::from_config(&config)?),
         store,
         config: Arc::new(config),
     })
@@ -133,7 +178,7 @@ async fn bootstrap(config: &Config, store: &dyn Store) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_secret(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
+pub(crate) fn write_secret(path: &std::path::Path, secret: &str) -> anyhow::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]

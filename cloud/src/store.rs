@@ -4,13 +4,21 @@
 //! Every call that touches tenant data takes the workspace id first; there is
 //! no way to ask the store for "all events" across workspaces.
 
+pub mod connectors;
 pub mod embedded;
+pub mod gateway;
+pub mod governance;
+pub mod trackables;
 
 use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::auth::Scope;
 use crate::error::Result;
+use connectors::ConnectorStore;
+use gateway::GatewayStore;
+use governance::GovernanceStore;
+use trackables::TrackableStore;
 
 /// An event accepted by an ingest path, ready to be stored.
 #[derive(Debug, Clone)]
@@ -109,7 +117,9 @@ pub struct UsageTotals {
 }
 
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store:
+    GovernanceStore + GatewayStore + TrackableStore + ConnectorStore + Send + Sync + 'static
+{
     /// Cheap liveness check for health; an error means the store is down.
     async fn ping(&self) -> Result<()>;
 
@@ -130,11 +140,17 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores all events of the request atomically and durably before
     /// returning (the caller acknowledges its client after this).
-    async fn append_events(&self, workspace_id: &str, request: AppendRequest)
-    -> Result<AppendResult>;
+    async fn append_events(
+        &self,
+        workspace_id: &str,
+        request: AppendRequest,
+    ) -> Result<AppendResult>;
     /// Newest first.
-    async fn list_events(&self, workspace_id: &str, filter: &EventFilter)
-    -> Result<Vec<StoredEvent>>;
+    async fn list_events(
+        &self,
+        workspace_id: &str,
+        filter: &EventFilter,
+    ) -> Result<Vec<StoredEvent>>;
 
     /// Adds to the API-call counter of the current day.
     async fn record_api_calls(&self, workspace_id: &str, day_ms: i64, calls: u64) -> Result<()>;

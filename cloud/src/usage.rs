@@ -85,7 +85,12 @@ impl Usage {
     }
 
     /// Refuses ingest once the monthly event quota is used up.
-    pub async fn check_quota(&self, store: &dyn Store, workspace_id: &str, adding: usize) -> Result<()> {
+    pub async fn check_quota(
+        &self,
+        store: &dyn Store,
+        workspace_id: &str,
+        adding: usize,
+    ) -> Result<()> {
         let quota = self.quota.monthly_event_quota;
         if quota == 0 {
             return Ok(());
@@ -100,10 +105,8 @@ impl Usage {
             Some((_, used)) => used,
             None => {
                 let now = crate::now_ms();
-                let used = store
-                    .usage(workspace_id, month_start_ms(now), now)
-                    .await?
-                    .events_ingested;
+                let used =
+                    store.usage(workspace_id, month_start_ms(now), now).await?.events_ingested;
                 if let Ok(mut m) = self.month_counts.lock() {
                     if m.len() >= MAX_TRACKED {
                         m.clear();

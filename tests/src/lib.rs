@@ -139,6 +139,8 @@ impl Cloud {
     pub async fn start_in(dir: &std::path::Path, extra_env: &[(&str, String)]) -> Result<Cloud> {
         let mut env = vec![
             ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+            ("OPGRAPH_GRPC_ADDR", "127.0.0.1:0".to_owned()),
+            ("OPGRAPH_QUIC_ADDR", "127.0.0.1:0".to_owned()),
             ("OPGRAPH_DATA_DIR", dir.display().to_string()),
             ("OPGRAPH_BOOTSTRAP_KEY", TEST_BOOTSTRAP_KEY.to_owned()),
         ];

@@ -110,6 +110,8 @@ async fn example_config_in_deploy_is_valid() {
         &["--config", path],
         &[
             ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".into()),
+            ("OPGRAPH_GRPC_ADDR", "off".into()),
+            ("OPGRAPH_QUIC_ADDR", "off".into()),
             ("OPGRAPH_DATA_DIR", dir.path().display().to_string()),
         ],
         &["http"],
@@ -124,6 +126,8 @@ async fn first_start_prints_and_saves_a_working_operator_key() {
     let dir = tempfile::tempdir().unwrap();
     let env = [
         ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+        ("OPGRAPH_GRPC_ADDR", "127.0.0.1:0".to_owned()),
+        ("OPGRAPH_QUIC_ADDR", "127.0.0.1:0".to_owned()),
         ("OPGRAPH_DATA_DIR", dir.path().display().to_string()),
     ];
     let process = Process::start("opgraph-cloud", &[], &env, &["http"]).await.unwrap();

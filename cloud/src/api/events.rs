@@ -59,9 +59,10 @@ pub async fn list(
         to: parse_ms("to", params.get("to").map(String::as_str))?,
     };
     if let (Some(from), Some(to)) = (filter.from, filter.to)
-        && from > to {
-            return Err(Error::validation("from", "`from` must not be after `to`"));
-        }
+        && from > to
+    {
+        return Err(Error::validation("from", "`from` must not be after `to`"));
+    }
     let events = state.store.list_events(&principal.workspace_id, &filter).await?;
     Ok(Json(EventList { events: events.into_iter().map(|e| e.into_json()).collect() }))
 }

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
-use crate::store::{AppendRequest, NewEvent};
+use crate::store::{AppendRequest, AppendResult, NewEvent};
 
 /// Most envelopes in one batch.
 pub const MAX_BATCH: usize = 1000;
@@ -65,21 +65,38 @@ async fn accept(
     let idempotency_key = idempotency_key(headers)?;
     let now = crate::now_ms();
     let events = parse_body(body, now)?;
-    state.usage.check_quota(state.store.as_ref(), &principal.workspace_id, events.len()).await?;
-    let request = AppendRequest {
-        events: events
-            .into_iter()
-            .map(|event| NewEvent { id: crate::ids::new_id("evt"), received_at: now, event })
-            .collect(),
-        idempotency_key,
-    };
-    let accepted = request.events.len();
-    let result = state.store.append_events(&principal.workspace_id, request).await?;
-    state.metrics.ingested("http", result.inserted);
+    let accepted = events.len();
+    let result =
+        record(state, &principal.workspace_id, events, idempotency_key, now, "http").await?;
     Ok(IngestResponse { accepted, ids: result.ids })
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
+/// The ingest path after validation: quota, ids, the durable append,
+/// metrics. `/api/track` and the scan redirect store their events through
+/// it too; `source` labels the ingested-events counter.
+pub async fn record(
+    state: &AppState,
+    workspace_id: &str,
+    events: Vec<Event>,
+    idempotency_key: Option<String>,
+    received_at: i64,
+    source: &str,
+) -> Result<AppendResult> {
+    state.usage.check_quota(state.store.as_ref(), workspace_id, events.len()).await?;
+    let request = AppendRequest {
+        events: events
+            .into_iter()
+            .map(|event| NewEvent { id: crate::ids::new_id("evt"), received_at, event })
+            .collect(),
+        idempotency_key,
+    };
+    let result = state.store.append_events(workspace_id, request).await?;
+    state.metrics.ingested(source, result.inserted);
+    Ok(result)
+}
+
+/// The `Idempotency-Key` header, if any, checked.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
     let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
     let key = value
         .to_str()
@@ -140,7 +157,13 @@ pub fn parse_body(body: &Value, now_ms: i64) -> Result<Vec<Event>> {
 }
 
 fn parse_envelope(value: &Value, now_ms: i64) -> Result<Event> {
-    let mut event = Event::from_json(value, now_ms)?;
+    finish_envelope(Event::from_json(value, now_ms)?, now_ms)
+}
+
+/// The cloud's own checks on a validated envelope, then its defaults
+/// (timestamp = receive time, business `default`, tier `T0`), so that what
+/// is stored is complete. Every ingest path (HTTP, gRPC, QUIC) ends here.
+pub fn finish_envelope(mut event: Event, received_at: i64) -> Result<Event> {
     if let Some(entity) = &event.entity {
         for key in ["type", "id"] {
             match entity.get(key) {
@@ -154,7 +177,7 @@ fn parse_envelope(value: &Value, now_ms: i64) -> Result<Event> {
             }
         }
     }
-    event.timestamp.get_or_insert(now_ms);
+    event.timestamp.get_or_insert(received_at);
     event.business_id.get_or_insert_with(|| "default".to_owned());
     event.trust_tier.get_or_insert(TrustTier::T0);
     Ok(event)

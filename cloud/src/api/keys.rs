@@ -88,23 +88,25 @@ pub async fn issue_key(
         created_at: crate::now_ms(),
         revoked_at: None,
     };
-    let stored = state
-        .store
-        .insert_api_key(NewApiKey { record, hash: auth::hash_key(&secret) })
-        .await?;
+    let stored =
+        state.store.insert_api_key(NewApiKey { record, hash: auth::hash_key(&secret) }).await?;
     Ok((stored, secret))
 }
 
 fn name_field(body: &Value, default: &str) -> Result<String> {
     let name = optional_str(body, "name")?.unwrap_or(default).trim().to_owned();
     if name.is_empty() || name.chars().count() > MAX_NAME_LEN {
-        return Err(Error::validation("name", format!("`name` must be 1 to {MAX_NAME_LEN} characters")));
+        return Err(Error::validation(
+            "name",
+            format!("`name` must be 1 to {MAX_NAME_LEN} characters"),
+        ));
     }
     Ok(name)
 }
 
 fn check_fields(body: &Value, allowed: &[&str]) -> Result<()> {
-    let object = body.as_object().ok_or_else(|| Error::validation("", "the body must be a JSON object"))?;
+    let object =
+        body.as_object().ok_or_else(|| Error::validation("", "the body must be a JSON object"))?;
     match object.keys().find(|k| !allowed.contains(&k.as_str())) {
         Some(k) => Err(Error::validation(k.as_str(), format!("unknown field `{k}`"))),
         None => Ok(()),

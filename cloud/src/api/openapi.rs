@@ -61,10 +61,8 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
-        );
+        components
+            .add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
     }
 }
 
@@ -85,6 +83,34 @@ impl Modify for BearerAuth {
         super::keys::list,
         super::keys::revoke,
         super::keys::create_workspace,
+        super::trackables::create,
+        super::trackables::list,
+        super::trackables::get,
+        super::trackables::track,
+        super::scan::scan,
+        super::connectors::ingest,
+        super::governance::create_decision,
+        super::governance::list_decisions,
+        super::governance::get_decision,
+        super::governance::patch_decision,
+        super::governance::create_grant,
+        super::governance::list_grants,
+        super::governance::get_grant,
+        super::governance::patch_grant,
+        super::governance::create_contract,
+        super::governance::list_contracts,
+        super::governance::get_contract,
+        super::enforce::enforce,
+        super::enforce::list_receipts,
+        super::enforce::verify_receipts,
+        super::enforce::get_receipt,
+        super::tracking_plans::create,
+        super::tracking_plans::list,
+        super::tracking_plans::get,
+        super::proofs::export,
+        super::proofs::list,
+        super::proofs::get,
+        super::proofs::verify,
     ),
     components(schemas(crate::error::ErrorBody, EventEnvelope, IngestBody)),
     modifiers(&BearerAuth)

@@ -11,7 +11,11 @@
 //! Reads use a small pool of read-only connections on blocking threads; WAL
 //! lets them run beside the writer.
 
+mod connectors;
 mod events;
+mod gateway;
+mod governance;
+mod trackables;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
@@ -22,14 +26,15 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use super::{
-    AppendRequest, AppendResult, ApiKeyRecord, EventFilter, NewApiKey, Store, StoredEvent,
-    UsageTotals, Workspace,
+    ApiKeyRecord, AppendRequest, AppendResult, EventFilter, NewApiKey, NewEvent, Store,
+    StoredEvent, UsageTotals, Workspace,
 };
 use crate::auth::Scope;
 use crate::error::{Error, Result};
 
 const SCHEMA: &str = include_str!("embedded/schema.sql");
 const SCHEMA_VERSION: i64 = 1;
+const DB_FILE: &str = "opgraph.db";
 /// Most requests folded into one transaction.
 const MAX_GROUP: usize = 512;
 const READ_POOL_MAX: usize = 8;
@@ -53,13 +58,8 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// Opens (or creates) the store in `dir` and starts its writer thread.
     pub fn open(dir: &Path, group_commit_window: Duration) -> Result<EmbeddedStore> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
-        let path = dir.join("opgraph.db");
-        let conn = Connection::open(&path)
-            .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;
-        configure_writer(&conn).map_err(Error::internal)?;
-        migrate(&conn).map_err(Error::internal)?;
+        let conn = open_writer_connection(dir)?;
+        let path = dir.join(DB_FILE);
         let (tx, rx) = mpsc::sync_channel::<Command>(4096);
         std::thread::Builder::new()
             .name("store-writer".into())
@@ -96,12 +96,22 @@ impl EmbeddedStore {
             .map_err(|_| Error::internal("writer lock poisoned"))?
             .clone()
             .ok_or(Error::Unavailable { retry_after_secs: 1 })?;
-        // The channel is bounded: a full queue waits here, off the async
-        // threads, which is the back-pressure on ingest.
-        tokio::task::spawn_blocking(move || sender.send(Command::Write(job)))
-            .await
-            .map_err(Error::internal)?
-            .map_err(|_| Error::Unavailable { retry_after_secs: 1 })?;
+        // The channel is bounded: a full queue waits for room, off the
+        // async threads, which is the back-pressure on ingest. Handing the
+        // send to a blocking thread costs a thread hop, so only a full queue
+        // pays it.
+        match sender.try_send(Command::Write(job)) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(command)) => {
+                tokio::task::spawn_blocking(move || sender.send(command))
+                    .await
+                    .map_err(Error::internal)?
+                    .map_err(|_| Error::Unavailable { retry_after_secs: 1 })?;
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => {
+                return Err(Error::Unavailable { retry_after_secs: 1 });
+            }
+        }
         rx.await.map_err(|_| Error::internal("store writer stopped"))?
     }
 
@@ -120,9 +130,10 @@ impl EmbeddedStore {
             };
             let result = f(&conn);
             if let Ok(mut pool) = pool.lock()
-                && pool.len() < READ_POOL_MAX {
-                    pool.push(conn);
-                }
+                && pool.len() < READ_POOL_MAX
+            {
+                pool.push(conn);
+            }
             result
         })
         .await
@@ -130,7 +141,66 @@ impl EmbeddedStore {
     }
 }
 
+/// Events flattened into their rows, ready to be written: the part of an
+/// append that needs no database (see [`prepare_events`]).
+pub struct PreparedEvents(Vec<events::Row>);
+
+/// Flattens events into rows; [`EmbeddedStore`] does this before handing a
+/// request to its writer thread.
+pub fn prepare_events(events: Vec<NewEvent>) -> PreparedEvents {
+    PreparedEvents(events::prepare_rows(events))
+}
+
+/// Opens a writer connection on the store in `dir` exactly as the store's
+/// writer thread does (WAL, `synchronous = FULL`, schema applied), without
+/// the thread. For tools and the ingest benchmark's raw-engine baseline;
+/// never open it beside a running [`EmbeddedStore`] on the same directory.
+pub fn open_writer_connection(dir: &Path) -> Result<Connection> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
+    let path = dir.join(DB_FILE);
+    let conn = Connection::open(&path)
+        .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;
+    configure_writer(&conn).map_err(Error::internal)?;
+    migrate(&conn).map_err(Error::internal)?;
+    conn.execute_batch(events::PENDING_SEARCH_TABLE).map_err(Error::internal)?;
+    Ok(conn)
+}
+
+/// Writes prepared events in one transaction of their own with the same
+/// statements as [`Store::append_events`] (event rows, search index,
+/// rollups, entities, usage), committed durably before returning.
+pub fn append_in_transaction(
+    conn: &Connection,
+    workspace_id: &str,
+    rows: PreparedEvents,
+    idempotency_key: Option<&str>,
+) -> Result<AppendResult> {
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
+    let appended = events::append(conn, workspace_id, rows.0, idempotency_key)
+        .and_then(|result| events::flush_search(conn).map(|()| result).map_err(sql));
+    match appended {
+        Ok(result) => {
+            if let Err(e) = conn.execute_batch("COMMIT") {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(sql(e));
+            }
+            Ok(result)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// Statements kept prepared per connection. The write path alone uses more
+/// than rusqlite's default of 16, and an evicted statement is parsed and
+/// planned again on its next use.
+const STATEMENT_CACHE: usize = 128;
+
 fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // FULL: the WAL is fsynced at each commit, so a committed (acknowledged)
     // write survives power loss, not only a process crash.
@@ -149,6 +219,7 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "busy_timeout", 5000)?;
     conn.pragma_update(None, "cache_size", -65536)?;
     conn.pragma_update(None, "mmap_size", 268_435_456)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
 
@@ -196,7 +267,15 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Command>, window: Duration) 
     }
 }
 
-/// One transaction for the whole group, one savepoint per job.
+/// Runs a statement through the connection's statement cache: the
+/// savepoint statements run several times per transaction.
+fn run_cached(conn: &Connection, statement: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(statement)?.execute([]).map(drop)
+}
+
+/// One transaction for the whole group, one savepoint per job; the search
+/// entries the jobs queued are indexed once, at the end
+/// ([`events::flush_search`]).
 fn run_group(conn: &Connection, jobs: Vec<Job>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "store transaction could not begin");
@@ -208,17 +287,21 @@ fn run_group(conn: &Connection, jobs: Vec<Job>) {
     }
     let mut replies = Vec::with_capacity(jobs.len());
     for job in jobs {
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(e) = run_cached(conn, "SAVEPOINT job") {
             tracing::error!(error = %e, "savepoint failed");
         }
         let (ok, reply) = job(Some(conn));
-        let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
-        if let Err(e) = conn.execute_batch(end) {
+        let ended = if ok {
+            run_cached(conn, "RELEASE job")
+        } else {
+            run_cached(conn, "ROLLBACK TO job").and_then(|()| run_cached(conn, "RELEASE job"))
+        };
+        if let Err(e) = ended {
             tracing::error!(error = %e, "savepoint end failed");
         }
         replies.push(reply);
     }
-    let committed = conn.execute_batch("COMMIT");
+    let committed = events::flush_search(conn).and_then(|()| conn.execute_batch("COMMIT"));
     if let Err(e) = &committed {
         tracing::error!(error = %e, "commit failed; the group is rolled back");
         let _ = conn.execute_batch("ROLLBACK");
@@ -406,9 +489,9 @@ impl Store for EmbeddedStore {
         request: AppendRequest,
     ) -> Result<AppendResult> {
         let ws = workspace_id.to_owned();
-        let rows = events::prepare_rows(request.events);
+        let rows = prepare_events(request.events);
         let key = request.idempotency_key;
-        self.write(move |conn| events::append(conn, &ws, rows, key.as_deref())).await
+        self.write(move |conn| events::append(conn, &ws, rows.0, key.as_deref())).await
     }
 
     async fn list_events(

@@ -97,7 +97,11 @@ fn push_leaves(out: &mut String, value: &Value) {
     }
 }
 
-fn search_text(e: &Event, actor: &(Option<String>, Option<String>), object: &(Option<String>, Option<String>)) -> String {
+fn search_text(
+    e: &Event,
+    actor: &(Option<String>, Option<String>),
+    object: &(Option<String>, Option<String>),
+) -> String {
     let mut out = e.event.clone();
     for part in [&actor.0, &actor.1, &object.0, &object.1].into_iter().flatten() {
         out.push(' ');
@@ -164,7 +168,10 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
 }
 
 /// Writes one ingest request; runs inside the writer's savepoint, so an
-/// error leaves nothing behind.
+/// error leaves nothing behind. `connectors::remove_event` reverses what
+/// this derives from one event (search entry, rollup, relationship count):
+/// keep the two in step. Search entries are queued and reach `events_fts`
+/// through [`flush_search`] when the transaction commits.
 pub(super) fn append(
     conn: &Connection,
     ws: &str,
@@ -183,11 +190,11 @@ pub(super) fn append(
             .optional()
             .map_err(sql)?;
         if let Some((response, created_at)) = stored
-            && now - created_at < IDEMPOTENCY_WINDOW_MS {
-                let ids: Vec<String> =
-                    serde_json::from_str(&response).map_err(Error::internal)?;
-                return Ok(AppendResult { ids, inserted: 0 });
-            }
+            && now - created_at < IDEMPOTENCY_WINDOW_MS
+        {
+            let ids: Vec<String> = serde_json::from_str(&response).map_err(Error::internal)?;
+            return Ok(AppendResult { ids, inserted: 0 });
+        }
     }
 
     let mut insert = conn
@@ -201,14 +208,22 @@ pub(super) fn append(
         )
         .map_err(sql)?;
     let mut fts = conn
-        .prepare_cached("INSERT INTO events_fts (rowid, body) VALUES (?1, ?2)")
+        .prepare_cached("INSERT OR REPLACE INTO temp.pending_search (seq, body) VALUES (?1, ?2)")
         .map_err(sql)?;
     let mut ids = Vec::with_capacity(rows.len());
     let mut hourly: HashMap<(String, String, i64), (i64, f64)> = HashMap::new();
     let mut businesses: Vec<String> = Vec::new();
     let mut inserted = 0usize;
 
-    for row in rows {
+    for mut row in rows {
+        // An event naming a registered trackable's code is linked to it
+        // (`trackable.id`, `trackable.kind`): here, so every ingest path
+        // gets it (see trackables::link_event).
+        if let Some(code) = &row.trackable_code
+            && let Some(linked) = super::trackables::link_event(conn, ws, code, &row.envelope)?
+        {
+            row.envelope = linked;
+        }
         let changed = insert
             .execute(params![
                 ws,
@@ -297,6 +312,32 @@ pub(super) fn append(
     Ok(AppendResult { ids, inserted })
 }
 
+/// The per-connection queue of search entries written by [`append`] and
+/// moved into `events_fts` by [`flush_search`] just before the transaction
+/// commits. FTS5 writes its pending entries out as a new index segment at
+/// every savepoint, so indexing inside the writer's per-request savepoints
+/// made one segment per request (and merge work to match); queued here, a
+/// whole group commit becomes one segment. A request rolled back to its
+/// savepoint takes its queued entries with it.
+pub(super) const PENDING_SEARCH_TABLE: &str =
+    "CREATE TEMP TABLE IF NOT EXISTS pending_search (seq INTEGER PRIMARY KEY, body TEXT NOT NULL)";
+
+/// Indexes the queued search entries of events that still exist (one may
+/// have been replaced in the same transaction), then empties the queue.
+/// Call inside the transaction, outside any savepoint, right before COMMIT.
+pub(super) fn flush_search(conn: &Connection) -> rusqlite::Result<()> {
+    // CROSS JOIN keeps the queue as the outer loop: with a plain JOIN the
+    // planner may scan all of `events` and probe the queue instead.
+    conn.prepare_cached(
+        "INSERT INTO events_fts (rowid, body)
+         SELECT p.seq, p.body FROM temp.pending_search AS p
+         CROSS JOIN events AS e ON e.seq = p.seq",
+    )?
+    .execute([])?;
+    conn.prepare_cached("DELETE FROM temp.pending_search")?.execute([])?;
+    Ok(())
+}
+
 fn existing_id(conn: &Connection, ws: &str, row: &Row) -> Result<String> {
     let by_message = match &row.message_id {
         Some(message_id) => conn
@@ -345,9 +386,8 @@ fn upsert_entity(conn: &Connection, ws: &str, entity: &EntityRow, row: &Row) -> 
 /// Newest first, choosing the index by the filters present (a fixed query
 /// with `? IS NULL OR ...` arms would defeat SQLite's planner).
 pub(super) fn list(conn: &Connection, ws: &str, filter: &EventFilter) -> Result<Vec<StoredEvent>> {
-    let mut sql_text = String::from(
-        "SELECT id, received_at, envelope FROM events WHERE workspace_id = ?",
-    );
+    let mut sql_text =
+        String::from("SELECT id, received_at, envelope FROM events WHERE workspace_id = ?");
     let mut args: Vec<SqlValue> = vec![ws.to_owned().into()];
     let mut add = |clause: &str, value: SqlValue| {
         sql_text.push_str(clause);
@@ -383,4 +423,41 @@ pub(super) fn list(conn: &Connection, ws: &str, filter: &EventFilter) -> Result<
         out.push(StoredEvent { id, received_at, envelope });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(name: &str) -> Vec<Row> {
+        prepare_rows(vec![NewEvent {
+            id: crate::ids::new_id("evt"),
+            received_at: 1_000,
+            event: opgraph_proto::Event::named(name),
+        }])
+    }
+
+    fn matches(conn: &Connection, text: &str) -> i64 {
+        conn.query_row("SELECT count(*) FROM events_fts WHERE body MATCH ?1", [text], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn search_entries_are_indexed_at_the_flush_and_leave_with_a_rolled_back_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = super::super::open_writer_connection(dir.path()).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE; SAVEPOINT job").unwrap();
+        append(&conn, "ws", rows("pallet.kept"), None).unwrap();
+        conn.execute_batch("RELEASE job; SAVEPOINT job").unwrap();
+        append(&conn, "ws", rows("pallet.dropped"), None).unwrap();
+        conn.execute_batch("ROLLBACK TO job; RELEASE job").unwrap();
+        assert_eq!(matches(&conn, "pallet"), 0, "queued, not yet indexed");
+        flush_search(&conn).unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+        assert_eq!(matches(&conn, "kept"), 1);
+        assert_eq!(matches(&conn, "dropped"), 0);
+        let queued: i64 =
+            conn.query_row("SELECT count(*) FROM temp.pending_search", [], |r| r.get(0)).unwrap();
+        assert_eq!(queued, 0);
+    }
 }

@@ -130,3 +130,163 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     api_calls       INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (workspace_id, day)
 ) WITHOUT ROWID;
+
+-- Gateway delivery: the session epoch (fencing) and the cumulative ack,
+-- advanced in the transaction that stores the batch.
+CREATE TABLE IF NOT EXISTS gateway_sessions (
+    workspace_id   TEXT NOT NULL,
+    gateway_id     TEXT NOT NULL,
+    epoch          INTEGER NOT NULL,
+    acked_sequence INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, gateway_id)
+) WITHOUT ROWID;
+
+-- Governance (docs/governance.md). Objects are kept as their JSON body with
+-- the columns that listing and enforcement filter on lifted out.
+CREATE TABLE IF NOT EXISTS governance_decisions (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    status       TEXT NOT NULL,
+    trace_id     TEXT,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS governance_decisions_status
+    ON governance_decisions (workspace_id, status, id);
+
+-- The triggering event of an enforcement call: the newest event of a trace
+-- that the governance layer did not write itself. Without this index the
+-- lookup would step over every receipt event of the trace.
+CREATE INDEX IF NOT EXISTS events_trace_trigger
+    ON events (workspace_id, trace_id, ts) WHERE trace_id IS NOT NULL AND event NOT LIKE 'governance.%';
+
+CREATE TABLE IF NOT EXISTS governance_grants (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS governance_contracts (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS tracking_plans (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+
+-- Enforcement receipts: append-only hash chains, one per (workspace,
+-- writer). The unique (writer, sequence) index makes a fork impossible even
+-- for a buggy writer: one receipt per position (and a prevHash is always
+-- the head's hash, read in the same transaction).
+CREATE TABLE IF NOT EXISTS governance_receipts (
+    seq          INTEGER PRIMARY KEY,
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    writer       TEXT NOT NULL,
+    sequence     INTEGER NOT NULL,
+    prev_hash    TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    outcome      TEXT NOT NULL,
+    trace_id     TEXT,
+    decision_id  TEXT,
+    body         TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS governance_receipts_id ON governance_receipts (workspace_id, id);
+CREATE UNIQUE INDEX IF NOT EXISTS governance_receipts_chain
+    ON governance_receipts (workspace_id, writer, sequence);
+CREATE INDEX IF NOT EXISTS governance_receipts_ts ON governance_receipts (workspace_id, created_at);
+CREATE INDEX IF NOT EXISTS governance_receipts_trace
+    ON governance_receipts (workspace_id, trace_id, created_at) WHERE trace_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS governance_receipts_decision
+    ON governance_receipts (workspace_id, decision_id, created_at);
+-- Immutability through the API's own connection; someone with the file can
+-- drop these, which is what the hash chain is for.
+CREATE TRIGGER IF NOT EXISTS governance_receipts_no_update
+    BEFORE UPDATE ON governance_receipts
+    BEGIN SELECT RAISE(ABORT, 'enforcement receipts are immutable'); END;
+CREATE TRIGGER IF NOT EXISTS governance_receipts_no_delete
+    BEFORE DELETE ON governance_receipts
+    BEGIN SELECT RAISE(ABORT, 'enforcement receipts are immutable'); END;
+
+CREATE TABLE IF NOT EXISTS proof_trails (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+
+-- One row per external push (proof push, destination export), failed or not.
+CREATE TABLE IF NOT EXISTS export_receipts (
+    workspace_id   TEXT NOT NULL,
+    id             TEXT NOT NULL,
+    proof_trail_id TEXT,
+    status         TEXT NOT NULL,
+    created_at     INTEGER NOT NULL,
+    body           TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS export_receipts_trail
+    ON export_receipts (workspace_id, proof_trail_id) WHERE proof_trail_id IS NOT NULL;
+
+-- Trackables (docs/trackables.md). `code` is unique per workspace and is
+-- what events carry in `trackable.code` (matched through `events_trackable`);
+-- `scan_code` is unique across workspaces: the public `/r/{scan_code}` link
+-- finds its trackable without a credential. Ids are time-ordered, so the
+-- primary key also lists newest first.
+CREATE TABLE IF NOT EXISTS trackables (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    code         TEXT NOT NULL,
+    scan_code    TEXT NOT NULL,
+    kind         TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    target_url   TEXT,
+    event_name   TEXT,
+    created_at   INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS trackables_code ON trackables (workspace_id, code);
+CREATE UNIQUE INDEX IF NOT EXISTS trackables_scan_code ON trackables (scan_code);
+
+-- Connector records (docs/connectors.md): the event each provider record
+-- became, so that a re-sync replaces it under the same id.
+CREATE TABLE IF NOT EXISTS connector_records (
+    workspace_id    TEXT NOT NULL,
+    provider        TEXT NOT NULL,
+    record_id       TEXT NOT NULL,
+    event_id        TEXT NOT NULL,
+    first_synced_at INTEGER NOT NULL,
+    last_synced_at  INTEGER NOT NULL,
+    syncs           INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, provider, record_id)
+) WITHOUT ROWID;
+
+-- One row per connector ingest call, for usage and business health.
+CREATE TABLE IF NOT EXISTS connector_syncs (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    provider     TEXT NOT NULL,
+    business_id  TEXT NOT NULL,
+    received     INTEGER NOT NULL,
+    ingested     INTEGER NOT NULL,
+    updated      INTEGER NOT NULL,
+    rejected     INTEGER NOT NULL,
+    created_at   INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS connector_syncs_recent ON connector_syncs (workspace_id, created_at);

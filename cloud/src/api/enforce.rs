@@ -1,0 +1,415 @@
+//! `POST /api/governance/enforce` and the receipts it records:
+//! `GET /api/governance/receipts` (list and one) and the chain check
+//! `GET /api/governance/receipts/verify`. Reference: `docs/governance.md`,
+//! "Enforcement" and "Receipts".
+
+use std::collections::{BTreeSet, HashMap};
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use utoipa::ToSchema;
+
+use super::governance::{
+    MAX_TEXT, amount, check_params, currency, event, limit_of, optional_text, parse_body, text,
+};
+use super::{AppState, JsonBody, parse_ms};
+use crate::auth::{Principal, Scope};
+use crate::error::{Error, Result};
+use crate::governance::chain::{ChainVerifier, VerifyReport};
+use crate::governance::rules::{self, Check, Proposal, Trigger};
+use crate::governance::{Outcome, governance_event, hash, object_of};
+use crate::store::NewEvent;
+use crate::store::governance::{
+    ChainHead, EnforcementInputs, EnforcementRefs, Receipt, ReceiptFilter, ReceiptRow,
+};
+
+const MAX_ATTESTATIONS: usize = 20;
+/// Receipts read per page while verifying chains.
+const VERIFY_PAGE: usize = 1000;
+
+type ErrorBody = crate::error::ErrorBody;
+
+// ---------------------------------------------------------------------------
+// Enforcement.
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnforceRequest {
+    pub decision_object_id: String,
+    pub authority_grant_id: String,
+    pub context_contract_id: String,
+    pub proposed_action: ProposedAction,
+    /// One attestation or an array of up to 20.
+    #[schema(value_type = Option<Object>)]
+    pub attestation: Option<Attestations>,
+    /// The triggering event is the most recent event of this trace.
+    pub trace_id: Option<String>,
+    /// The triggering event (takes precedence over `traceId`).
+    pub event_id: Option<String>,
+    /// Framework name → control evidence.
+    #[schema(value_type = Option<Object>)]
+    pub compliance_mapping: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProposedAction {
+    pub action: String,
+    /// Finite, 0 ..= 1e15.
+    pub amount: Option<f64>,
+    /// Three upper-case letters; required with `amount`.
+    pub currency: Option<String>,
+    /// Who proposes to act; must be the grant's grantee when given.
+    pub actor: Option<String>,
+    /// Other keys are recorded as sent.
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Attestations {
+    One(Attestation),
+    Many(Vec<Attestation>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Attestation {
+    pub provider: String,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnforceResponse {
+    pub outcome: Outcome,
+    pub receipt_id: String,
+    pub checks: Vec<Check>,
+    pub receipt: Receipt,
+}
+
+/// A validated enforcement request.
+struct Validated {
+    refs: EnforcementRefs,
+    proposal: Proposal,
+    /// `proposedAction` as sent.
+    proposed_action: Value,
+    attestations: Vec<Value>,
+    providers: Vec<String>,
+    frameworks: Vec<String>,
+}
+
+fn validate_enforce(body: Value) -> Result<Validated> {
+    let proposed_action = body.get("proposedAction").cloned().unwrap_or(Value::Null);
+    let attestation_raw = body.get("attestation").cloned();
+    let input: EnforceRequest = parse_body(body)?;
+    let id = |field: &str, value: &str| text(field, value, MAX_TEXT);
+    let p = &input.proposed_action;
+    let amount = amount("proposedAction.amount", p.amount)?;
+    let currency = currency("proposedAction.currency", p.currency.as_deref())?;
+    if amount.is_some() && currency.is_none() {
+        return Err(Error::validation(
+            "proposedAction.currency",
+            "`proposedAction.currency` is required with an amount",
+        ));
+    }
+    let proposal = Proposal {
+        action: text("proposedAction.action", &p.action, MAX_TEXT)?,
+        amount,
+        currency,
+        actor: optional_text("proposedAction.actor", p.actor.as_deref(), MAX_TEXT)?,
+    };
+    let (attestations, providers) = match (input.attestation, attestation_raw) {
+        (None, _) | (_, None) => (Vec::new(), Vec::new()),
+        (Some(parsed), Some(raw)) => {
+            let (list, raw_list) = match (parsed, raw) {
+                (Attestations::One(a), raw) => (vec![a], vec![raw]),
+                (Attestations::Many(list), Value::Array(raw)) => (list, raw),
+                (Attestations::Many(_), _) => (Vec::new(), Vec::new()),
+            };
+            if list.len() > MAX_ATTESTATIONS {
+                return Err(Error::validation(
+                    "attestation",
+                    format!("at most {MAX_ATTESTATIONS} attestations"),
+                ));
+            }
+            let providers = list
+                .iter()
+                .enumerate()
+                .map(|(i, a)| text(&format!("attestation[{i}].provider"), &a.provider, MAX_TEXT))
+                .collect::<Result<Vec<_>>>()?;
+            (raw_list, providers)
+        }
+    };
+    let frameworks =
+        input.compliance_mapping.map(|m| m.keys().cloned().collect::<Vec<_>>()).unwrap_or_default();
+    Ok(Validated {
+        refs: EnforcementRefs {
+            decision_id: id("decisionObjectId", &input.decision_object_id)?,
+            grant_id: id("authorityGrantId", &input.authority_grant_id)?,
+            contract_id: id("contextContractId", &input.context_contract_id)?,
+            event_id: optional_text("eventId", input.event_id.as_deref(), MAX_TEXT)?,
+            trace_id: optional_text("traceId", input.trace_id.as_deref(), MAX_TEXT)?,
+        },
+        proposal,
+        proposed_action,
+        attestations,
+        providers,
+        frameworks,
+    })
+}
+
+/// Decide whether a consequential action may proceed, and record a receipt.
+#[utoipa::path(
+    post, path = "/api/governance/enforce", tag = "governance",
+    request_body = EnforceRequest,
+    responses(
+        (status = 200, description = "Evaluated and recorded; `outcome` is deny > needs_human_approval > escrow > allow over the checks", body = EnforceResponse),
+        (status = 400, description = "Malformed or incomplete body; no receipt recorded", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "The credential lacks the `govern` scope; no receipt recorded", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 429, body = ErrorBody), (status = 503, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn enforce(
+    State(state): State<AppState>,
+    principal: Principal,
+    JsonBody(body): JsonBody,
+) -> Result<Json<EnforceResponse>> {
+    principal.require(Scope::Govern)?;
+    let v = validate_enforce(body)?;
+    let refs = v.refs.clone();
+    let (ws, subject) = (principal.workspace_id.clone(), principal.subject.clone());
+    let decide = Box::new(move |inputs: EnforcementInputs, head: &ChainHead| {
+        decide(v, inputs, head, ws, subject)
+    });
+    let receipt = state
+        .store
+        .record_enforcement(&principal.workspace_id, &principal.subject, &refs, decide)
+        .await?;
+    Ok(Json(EnforceResponse {
+        outcome: receipt.outcome,
+        receipt_id: receipt.id.clone(),
+        checks: receipt.checks.clone(),
+        receipt,
+    }))
+}
+
+/// Judges the call on `inputs` (read in the store's write transaction) and
+/// seals its receipt at `head`; also makes the receipt's event.
+fn decide(
+    v: Validated,
+    inputs: EnforcementInputs,
+    head: &ChainHead,
+    workspace_id: String,
+    subject: String,
+) -> Result<(Receipt, Vec<NewEvent>)> {
+    let trigger = match (&inputs.trigger, &v.refs.event_id, &v.refs.trace_id) {
+        (Some(found), _, _) => {
+            Trigger::Found { event_id: found.id.clone(), tier: found.trust_tier }
+        }
+        (None, Some(event_id), _) => Trigger::EventMissing(event_id.clone()),
+        (None, None, Some(trace)) => Trigger::TraceEmpty(trace.clone()),
+        (None, None, None) => Trigger::NotNamed,
+    };
+    let frameworks: Vec<String> = v
+        .frameworks
+        .iter()
+        .chain(inputs.trigger.iter().flat_map(|t| &t.compliance_frameworks))
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let now = crate::now_ms();
+    let evaluation = rules::evaluate(&rules::Inputs {
+        now_ms: now,
+        subject: &subject,
+        decision_id: &v.refs.decision_id,
+        decision: inputs.decision.as_ref(),
+        grant_id: &v.refs.grant_id,
+        grant: inputs.grant.as_ref(),
+        contract_id: &v.refs.contract_id,
+        contract: inputs.contract.as_ref(),
+        proposal: &v.proposal,
+        trigger: &trigger,
+        attested_providers: &v.providers,
+        compliance_frameworks: &frameworks,
+    });
+
+    let receipt_id = crate::ids::new_id("rcp");
+    let trace_id = v.refs.trace_id.clone();
+    let enforced = governance_event(
+        "enforced",
+        &subject,
+        Some(("receipt", &receipt_id)),
+        trace_id.as_deref(),
+        Some(&v.refs.decision_id),
+        object_of([
+            ("receiptId", json!(receipt_id)),
+            ("outcome", json!(evaluation.outcome)),
+            ("action", json!(v.proposal.action)),
+            ("amount", v.proposal.amount.map_or(Value::Null, |a| json!(a))),
+            ("currency", v.proposal.currency.as_ref().map_or(Value::Null, |c| json!(c))),
+            ("authorityGrantId", json!(v.refs.grant_id)),
+            ("contextContractId", json!(v.refs.contract_id)),
+        ]),
+        now,
+    );
+    let mut receipt = Receipt {
+        id: receipt_id,
+        workspace_id,
+        writer: subject,
+        sequence: head.sequence,
+        prev_hash: head.prev_hash.clone(),
+        created_at: now,
+        outcome: evaluation.outcome,
+        decision_object_id: v.refs.decision_id,
+        authority_grant_id: v.refs.grant_id,
+        context_contract_id: v.refs.contract_id,
+        trace_id,
+        event_id: v.refs.event_id,
+        proposed_action: v.proposed_action,
+        attestations: v.attestations,
+        compliance_frameworks: frameworks,
+        trigger: inputs.trigger.map(|t| json!({"eventId": t.id, "trustTier": t.trust_tier})),
+        checks: evaluation.checks,
+        content_hash: String::new(),
+    };
+    let value = serde_json::to_value(&receipt).map_err(Error::internal)?;
+    receipt.content_hash = hash::content_hash(&value);
+    Ok((receipt, vec![event(now, enforced)]))
+}
+
+// ---------------------------------------------------------------------------
+// Receipts.
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReceiptList {
+    /// Receipts as stored, newest first.
+    #[schema(value_type = Vec<Receipt>)]
+    pub receipts: Vec<Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReceiptBody {
+    #[schema(value_type = Receipt)]
+    pub receipt: Value,
+}
+
+/// The stored body of a receipt, as stored (tampering shows).
+pub fn receipt_json(row: &ReceiptRow) -> Result<Value> {
+    serde_json::from_str(&row.body).map_err(Error::internal)
+}
+
+/// List enforcement receipts, newest first.
+#[utoipa::path(
+    get, path = "/api/governance/receipts", tag = "governance",
+    params(
+        ("limit" = Option<u32>, Query, description = "Default 100, clamped to 1000"),
+        ("traceId" = Option<String>, Query),
+        ("decisionId" = Option<String>, Query),
+        ("outcome" = Option<String>, Query, description = "allow, deny, escrow or needs_human_approval"),
+        ("from" = Option<i64>, Query, description = "createdAt at or after, ms"),
+        ("to" = Option<i64>, Query, description = "createdAt before, ms"),
+    ),
+    responses(
+        (status = 200, body = ReceiptList),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 429, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_receipts(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<ReceiptList>> {
+    principal.require(Scope::Read)?;
+    check_params(&params, &["limit", "traceId", "decisionId", "outcome", "from", "to"])?;
+    let filter = ReceiptFilter {
+        limit: limit_of(&params)?,
+        trace_id: params.get("traceId").cloned(),
+        decision_id: params.get("decisionId").cloned(),
+        outcome: params
+            .get("outcome")
+            .map(|o| {
+                Outcome::parse(o).ok_or_else(|| {
+                    Error::validation(
+                        "outcome",
+                        "`outcome` must be allow, deny, escrow or needs_human_approval",
+                    )
+                })
+            })
+            .transpose()?,
+        from: parse_ms("from", params.get("from").map(String::as_str))?,
+        to: parse_ms("to", params.get("to").map(String::as_str))?,
+    };
+    if let (Some(from), Some(to)) = (filter.from, filter.to)
+        && from > to
+    {
+        return Err(Error::validation("from", "`from` must not be after `to`"));
+    }
+    let rows = state.store.list_receipts(&principal.workspace_id, &filter).await?;
+    let receipts = rows.iter().map(receipt_json).collect::<Result<Vec<_>>>()?;
+    Ok(Json(ReceiptList { receipts }))
+}
+
+/// One enforcement receipt.
+#[utoipa::path(
+    get, path = "/api/governance/receipts/{id}", tag = "governance",
+    params(("id" = String, Path, description = "`rcp_...`")),
+    responses(
+        (status = 200, body = ReceiptBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_receipt(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<ReceiptBody>> {
+    principal.require(Scope::Read)?;
+    let rows = state.store.get_receipts(&principal.workspace_id, std::slice::from_ref(&id)).await?;
+    let row = rows.first().ok_or_else(|| Error::NotFound(format!("receipt {id}")))?;
+    Ok(Json(ReceiptBody { receipt: receipt_json(row)? }))
+}
+
+/// Walk every receipt chain of the workspace and report the first broken
+/// link.
+#[utoipa::path(
+    get, path = "/api/governance/receipts/verify", tag = "governance",
+    responses(
+        (status = 200, description = "`valid` is false when a link is broken; `firstBroken` says where and why", body = VerifyReport),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 429, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn verify_receipts(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> Result<Json<VerifyReport>> {
+    principal.require(Scope::Read)?;
+    let mut verifier = ChainVerifier::new();
+    let mut after = None;
+    loop {
+        let page =
+            state.store.receipt_chain_page(&principal.workspace_id, after, VERIFY_PAGE).await?;
+        page.iter().for_each(|row| verifier.push(row));
+        match page.last() {
+            Some(last) if page.len() == VERIFY_PAGE => {
+                after = Some((last.writer.clone(), last.sequence));
+            }
+            _ => break,
+        }
+    }
+    Ok(Json(verifier.finish()))
+}

@@ -1,0 +1,1284 @@
+//! Governance against the real binary: decision objects and their
+//! transitions, grants, contracts, tracking plans, every row of the rule
+//! table in docs/governance.md through `POST /api/governance/enforce`,
+//! receipts (chain linearity under concurrency, tamper detection), proof
+//! trails (export, verify, push to a local HTTPS endpoint) and workspace
+//! isolation.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const DOC: &str = include_str!("../../docs/governance.md");
+const HOUR: i64 = 3_600_000;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// The gateway receivers bind fixed ports by default: free ones here, so
+/// that tests can run side by side.
+fn env_with(extra: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("OPGRAPH_GRPC_ADDR", "127.0.0.1:0".to_owned()),
+        ("OPGRAPH_QUIC_ADDR", "127.0.0.1:0".to_owned()),
+    ];
+    env.extend(extra.iter().cloned());
+    env
+}
+
+async fn start(extra: &[(&'static str, String)]) -> Cloud {
+    Cloud::start(&env_with(extra)).await.unwrap()
+}
+
+async fn start_in(dir: &std::path::Path, extra: &[(&'static str, String)]) -> Cloud {
+    Cloud::start_in(dir, &env_with(extra)).await.unwrap()
+}
+
+fn client() -> Client {
+    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+async fn call(
+    client: &Client,
+    cloud: &Cloud,
+    key: &str,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> (StatusCode, Value) {
+    let mut request = client.request(method, cloud.at(path)).bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn post(
+    client: &Client,
+    cloud: &Cloud,
+    key: &str,
+    path: &str,
+    body: &Value,
+) -> (StatusCode, Value) {
+    call(client, cloud, key, Method::POST, path, Some(body)).await
+}
+
+async fn get(client: &Client, cloud: &Cloud, key: &str, path: &str) -> (StatusCode, Value) {
+    call(client, cloud, key, Method::GET, path, None).await
+}
+
+async fn patch(
+    client: &Client,
+    cloud: &Cloud,
+    key: &str,
+    path: &str,
+    body: &Value,
+) -> (StatusCode, Value) {
+    call(client, cloud, key, Method::PATCH, path, Some(body)).await
+}
+
+/// Creates an object and returns its id, asserting 201.
+async fn create(
+    client: &Client,
+    cloud: &Cloud,
+    key: &str,
+    path: &str,
+    wrapper: &str,
+    body: &Value,
+) -> String {
+    let (status, created) = post(client, cloud, key, path, body).await;
+    assert_eq!(status, StatusCode::CREATED, "{path} {body}: {created}");
+    created[wrapper]["id"].as_str().unwrap().to_owned()
+}
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<none>")
+}
+
+async fn receipts(client: &Client, cloud: &Cloud, key: &str, query: &str) -> Vec<Value> {
+    let (status, body) =
+        get(client, cloud, key, &format!("/api/governance/receipts?limit=1000{query}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["receipts"].as_array().unwrap().clone()
+}
+
+async fn new_workspace(client: &Client, cloud: &Cloud, name: &str) -> String {
+    let (status, body) =
+        post(client, cloud, TEST_BOOTSTRAP_KEY, "/api/workspaces", &json!({"name": name})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["apiKey"].as_str().unwrap().to_owned()
+}
+
+// ---------------------------------------------------------------------------
+// A world in which every check passes, and its variations.
+
+struct Scenario {
+    decision: Value,
+    decision_patches: Vec<&'static str>,
+    grant: Value,
+    revoke_grant: bool,
+    contract: Value,
+    event_tier: Option<&'static str>,
+    body: Value,
+}
+
+fn base(now: i64, trace: &str) -> Scenario {
+    Scenario {
+        decision: json!({"title": "Refund order 8812", "riskLevel": "medium", "status": "approved",
+            "expiresAt": now + HOUR, "owner": "ops"}),
+        decision_patches: vec![],
+        grant: json!({"grantee": "agent-7", "actions": ["refund"], "maxAmount": 500, "currency": "EUR",
+            "approvalThreshold": 200, "validFrom": now - HOUR, "validUntil": now + HOUR}),
+        revoke_grant: false,
+        contract: json!({"name": "refunds", "allowedActions": ["refund"], "requiredTrustTier": "T2",
+            "requiredAttestationProviders": ["notary"], "requiredCompliance": ["SOC2"],
+            "escrowAbove": 100, "validUntil": now + HOUR}),
+        event_tier: Some("T3"),
+        body: json!({
+            "proposedAction": {"action": "refund", "amount": 50, "currency": "EUR", "actor": "agent-7",
+                "orderId": "8812"},
+            "attestation": {"provider": "notary", "signature": "abc"},
+            "traceId": trace,
+            "complianceMapping": {"SOC2": ["CC6.1"]},
+        }),
+    }
+}
+
+/// The variation of [`base`] for one rule id of the table.
+fn scenario(rule: &str, now: i64, trace: &str) -> Scenario {
+    let mut s = base(now, trace);
+    match rule {
+        "D1" => s.body["decisionObjectId"] = json!("dec_doesnotexist"),
+        "D2" => s.decision["status"] = json!("draft"),
+        "D3" => s.decision["status"] = json!("pending_approval"),
+        "D4" => {
+            s.decision["status"] = json!("pending_approval");
+            s.decision_patches = vec!["rejected"];
+        }
+        "D5" => s.decision_patches = vec!["revoked"],
+        "D6" => s.decision_patches = vec!["expired"],
+        "D7" => s.decision_patches = vec!["executed"],
+        "D8" => s.decision["expiresAt"] = json!(now - 1),
+        "G1" => s.body["authorityGrantId"] = json!("grt_doesnotexist"),
+        "G2" => s.revoke_grant = true,
+        "G3" => {
+            s.grant["validFrom"] = json!(now + HOUR);
+            s.grant["validUntil"] = json!(now + 2 * HOUR);
+        }
+        "G4" => s.grant["validUntil"] = json!(now - 1),
+        "G5" => s.body["proposedAction"]["actor"] = json!("agent-8"),
+        "G6" => s.grant["actions"] = json!(["payout"]),
+        "G7" => {
+            s.body["proposedAction"]["amount"] = json!(500.01);
+            s.grant.as_object_mut().unwrap().remove("approvalThreshold");
+            s.contract.as_object_mut().unwrap().remove("escrowAbove");
+        }
+        "G8" => s.body["proposedAction"]["currency"] = json!("USD"),
+        "G9" => {
+            s.body["proposedAction"]["amount"] = json!(200.5);
+            s.contract.as_object_mut().unwrap().remove("escrowAbove");
+        }
+        "C1" => s.body["contextContractId"] = json!("ctc_doesnotexist"),
+        "C2" => s.contract["validUntil"] = json!(now - 1),
+        "C3" => s.contract["allowedActions"] = json!(["payout"]),
+        "T1" => s.body["eventId"] = json!("evt_doesnotexist"),
+        "T2" => s.event_tier = Some("T1"),
+        "T3" => {
+            s.body.as_object_mut().unwrap().remove("traceId");
+        }
+        "T4" => s.event_tier = None,
+        "P1" => s.body["complianceMapping"] = json!({"HIPAA": {}}),
+        "A1" => {
+            s.body.as_object_mut().unwrap().remove("attestation");
+        }
+        "E1" => s.body["proposedAction"]["amount"] = json!(100.5),
+        "OK" | "S1" => {}
+        other => panic!("no HTTP scenario for rule {other}"),
+    }
+    s
+}
+
+/// Creates the scenario's objects and returns the enforce body.
+async fn prepare(client: &Client, cloud: &Cloud, key: &str, s: &Scenario) -> Value {
+    let dec = create(
+        client,
+        cloud,
+        key,
+        "/api/governance/decision-objects",
+        "decisionObject",
+        &s.decision,
+    )
+    .await;
+    for status in &s.decision_patches {
+        let path = format!("/api/governance/decision-objects/{dec}");
+        let (code, body) = patch(client, cloud, key, &path, &json!({"status": status})).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+    }
+    let grt =
+        create(client, cloud, key, "/api/governance/authority-grants", "authorityGrant", &s.grant)
+            .await;
+    if s.revoke_grant {
+        let path = format!("/api/governance/authority-grants/{grt}");
+        let (code, body) = patch(client, cloud, key, &path, &json!({"revoked": true})).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["authorityGrant"]["revoked"], true);
+    }
+    let ctc = create(
+        client,
+        cloud,
+        key,
+        "/api/governance/context-contracts",
+        "contextContract",
+        &s.contract,
+    )
+    .await;
+    if let (Some(tier), Some(trace)) = (s.event_tier, s.body["traceId"].as_str()) {
+        let event = json!({"event": "refund.requested", "traceId": trace, "trustTier": tier,
+            "actor": {"type": "agent", "id": "agent-7"}});
+        let (code, body) = post(client, cloud, key, "/api/ingest", &event).await;
+        assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    }
+    let mut body = s.body.clone();
+    for (field, id) in
+        [("decisionObjectId", dec), ("authorityGrantId", grt), ("contextContractId", ctc)]
+    {
+        if body.get(field).is_none() {
+            body[field] = json!(id);
+        }
+    }
+    body
+}
+
+struct Row {
+    rule: String,
+    check: String,
+    outcome: String,
+    detail: String,
+}
+
+fn rule_table() -> Vec<Row> {
+    let start = DOC.find("<!-- rule-table -->").expect("rule table marker");
+    DOC[start..]
+        .lines()
+        .skip(1)
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|line| {
+            let cells: Vec<String> = line
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().trim_matches('`').to_owned())
+                .collect();
+            Row {
+                rule: cells[0].clone(),
+                check: cells[1].clone(),
+                outcome: cells[3].clone(),
+                detail: cells[4].clone(),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_rule_row_holds_through_http() {
+    let cloud = start(&[]).await;
+    let client = client();
+    let key = &cloud.key;
+    let rows = rule_table();
+    assert!(rows.len() >= 29, "rule table rows: {}", rows.len());
+    let now = now_ms();
+    let mut recorded = 0;
+    for row in &rows {
+        let trace = format!("trace-{}", row.rule);
+        let s = scenario(&row.rule, now, &trace);
+        let body = prepare(&client, &cloud, key, &s).await;
+        if row.rule == "S1" {
+            // A credential without `govern`: 403, and no receipt.
+            let (status, created) = post(
+                &client,
+                &cloud,
+                key,
+                "/api/keys",
+                &json!({"name": "reader", "scopes": ["read", "ingest"]}),
+            )
+            .await;
+            assert_eq!(status, StatusCode::CREATED, "{created}");
+            let reader = created["apiKey"].as_str().unwrap();
+            let (status, answer) =
+                post(&client, &cloud, reader, "/api/governance/enforce", &body).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+            assert!(answer["error"]["message"].as_str().unwrap().contains(&row.detail), "{answer}");
+            continue;
+        }
+        let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", &body).await;
+        assert_eq!(status, StatusCode::OK, "rule {}: {answer}", row.rule);
+        recorded += 1;
+        assert_eq!(answer["outcome"], row.outcome.as_str(), "rule {}: {answer:#}", row.rule);
+        let checks = answer["checks"].as_array().unwrap();
+        assert_eq!(checks.len(), 17, "every check is reported");
+        assert_eq!(answer["receipt"]["checks"], answer["checks"]);
+        if row.check == "all" {
+            assert!(checks.iter().all(|c| c["passed"] == true), "rule {}: {answer:#}", row.rule);
+            continue;
+        }
+        let check = checks
+            .iter()
+            .find(|c| c["check"] == row.check.as_str() && c["passed"] == false)
+            .unwrap_or_else(|| panic!("rule {}: {} did not fail: {answer:#}", row.rule, row.check));
+        assert_eq!(check["outcome"], row.outcome.as_str(), "rule {}", row.rule);
+        let detail = check["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(&row.detail),
+            "rule {}: {detail:?} lacks {:?}",
+            row.rule,
+            row.detail
+        );
+    }
+    // One receipt per recorded call, S1 none.
+    assert_eq!(receipts(&client, &cloud, key, "").await.len(), recorded);
+}
+
+#[tokio::test]
+async fn the_most_severe_outcome_wins_and_every_check_is_reported() {
+    let cloud = start(&[]).await;
+    let client = client();
+    let key = &cloud.key;
+    let now = now_ms();
+
+    // escrow (attestation) + needs_human_approval (pending) + deny (action)
+    let mut s = base(now, "trace-prec");
+    s.decision["status"] = json!("pending_approval");
+    s.grant["actions"] = json!(["payout"]);
+    s.body.as_object_mut().unwrap().remove("attestation");
+    let body = prepare(&client, &cloud, key, &s).await;
+    let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["outcome"], "deny");
+    let failed: Vec<(String, String)> = answer["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["passed"] == false)
+        .map(|c| {
+            (c["check"].as_str().unwrap().to_owned(), c["outcome"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    let expected = [
+        ("decision_status", "needs_human_approval"),
+        ("grant_action", "deny"),
+        ("attestation", "escrow"),
+    ];
+    assert_eq!(failed, expected.map(|(a, b)| (a.to_owned(), b.to_owned())));
+
+    // escrow + needs_human_approval → needs_human_approval
+    let mut s = base(now, "trace-prec2");
+    s.body["proposedAction"]["amount"] = json!(250);
+    let body = prepare(&client, &cloud, key, &s).await;
+    let (_, answer) = post(&client, &cloud, key, "/api/governance/enforce", &body).await;
+    assert_eq!(answer["outcome"], "needs_human_approval", "{answer:#}");
+    // escrow alone → escrow
+    let mut s = base(now, "trace-prec3");
+    s.body["proposedAction"]["amount"] = json!(150);
+    let body = prepare(&client, &cloud, key, &s).await;
+    let (_, answer) = post(&client, &cloud, key, "/api/governance/enforce", &body).await;
+    assert_eq!(answer["outcome"], "escrow", "{answer:#}");
+
+    // The receipt is listed by trace, decision and outcome, and is an event.
+    let by_trace = receipts(&client, &cloud, key, "&traceId=trace-prec3").await;
+    assert_eq!(by_trace.len(), 1);
+    assert_eq!(by_trace[0], answer["receipt"]);
+    let dec = answer["receipt"]["decisionObjectId"].as_str().unwrap();
+    assert_eq!(receipts(&client, &cloud, key, &format!("&decisionId={dec}")).await.len(), 1);
+    assert_eq!(receipts(&client, &cloud, key, "&outcome=deny").await.len(), 1);
+    assert_eq!(receipts(&client, &cloud, key, "&outcome=escrow").await.len(), 1);
+    let (status, one) = get(
+        &client,
+        &cloud,
+        key,
+        &format!("/api/governance/receipts/{}", answer["receiptId"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(one["receipt"], answer["receipt"]);
+    let (_, events) =
+        get(&client, &cloud, key, "/api/events?event=governance.enforced&traceId=trace-prec3")
+            .await;
+    let events = events["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["decisionId"], dec);
+    assert_eq!(events[0]["properties"]["outcome"], "escrow");
+    assert_eq!(events[0]["properties"]["receiptId"], answer["receiptId"]);
+}
+
+#[tokio::test]
+async fn decisions_grants_contracts_and_plans_crud() {
+    let cloud = start(&[]).await;
+    let client = client();
+    let key = &cloud.key;
+    const DECISIONS: &str = "/api/governance/decision-objects";
+
+    let (status, created) = post(
+        &client,
+        &cloud,
+        key,
+        DECISIONS,
+        &json!({"title": "Reorder pallets", "riskLevel": "high", "traceId": "t-crud"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let decision = &created["decisionObject"];
+    assert_eq!(decision["status"], "draft");
+    let id = decision["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("dec_"));
+    let path = format!("{DECISIONS}/{id}");
+    let (status, fetched) = get(&client, &cloud, key, &path).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(fetched["decisionObject"], *decision);
+
+    // Allowed transitions, then refused ones (409 naming what is allowed).
+    for to in ["pending_approval", "approved", "executed"] {
+        let (status, body) =
+            patch(&client, &cloud, key, &path, &json!({"status": to, "reason": "ok"})).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["decisionObject"]["status"], to);
+    }
+    let (status, body) = patch(&client, &cloud, key, &path, &json!({"status": "approved"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("final"), "{body}");
+    let other = create(
+        &client,
+        &cloud,
+        key,
+        DECISIONS,
+        "decisionObject",
+        &json!({"title": "x", "riskLevel": "low"}),
+    )
+    .await;
+    let (status, body) = patch(
+        &client,
+        &cloud,
+        key,
+        &format!("{DECISIONS}/{other}"),
+        &json!({"status": "executed"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("allowed: pending_approval"),
+        "{body}"
+    );
+    let (status, body) =
+        patch(&client, &cloud, key, &format!("{DECISIONS}/{other}"), &json!({"status": "draft"}))
+            .await;
+    assert_eq!(status, StatusCode::CONFLICT, "same status: {body}");
+    let (status, body) =
+        patch(&client, &cloud, key, &format!("{DECISIONS}/{other}"), &json!({"status": "done"}))
+            .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = patch(
+        &client,
+        &cloud,
+        key,
+        &format!("{DECISIONS}/dec_nope"),
+        &json!({"status": "approved"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Racing transitions from one status: exactly one wins, the rest 409.
+    let racer = create(
+        &client,
+        &cloud,
+        key,
+        DECISIONS,
+        "decisionObject",
+        &json!({"title": "race", "riskLevel": "low", "status": "pending_approval"}),
+    )
+    .await;
+    let path_racer = format!("{DECISIONS}/{racer}");
+    let mut racing = Vec::new();
+    for i in 0..10 {
+        let (client, url, key) = (client.clone(), cloud.at(&path_racer), key.clone());
+        let to = if i % 2 == 0 { "approved" } else { "rejected" };
+        racing.push(tokio::spawn(async move {
+            let response = client
+                .patch(url)
+                .bearer_auth(key)
+                .json(&json!({"status": to}))
+                .send()
+                .await
+                .unwrap();
+            response.status()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in racing {
+        statuses.push(task.await.unwrap());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::CONFLICT));
+
+    // Each change is an event with the decision id.
+    let (_, events) = get(
+        &client,
+        &cloud,
+        key,
+        "/api/events?event=governance.decision.status_changed&traceId=t-crud",
+    )
+    .await;
+    let events = events["events"].as_array().unwrap();
+    assert_eq!(events.len(), 3);
+    assert!(events.iter().all(|e| e["decisionId"] == id.as_str()));
+    let moves: HashSet<(String, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["properties"]["from"].as_str().unwrap().to_owned(),
+                e["properties"]["to"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(moves.contains(&("approved".to_owned(), "executed".to_owned())));
+
+    // Listing, with the status filter.
+    let (_, list) = get(&client, &cloud, key, &format!("{DECISIONS}?status=executed")).await;
+    assert_eq!(list["decisionObjects"].as_array().unwrap().len(), 1);
+    let (_, list) = get(&client, &cloud, key, &format!("{DECISIONS}?limit=1")).await;
+    assert_eq!(list["decisionObjects"][0]["id"], racer.as_str(), "newest first");
+    let (status, _) = get(&client, &cloud, key, &format!("{DECISIONS}?status=bogus")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // Bad creation bodies.
+    for (body, field) in [
+        (json!({"title": "x"}), None),
+        (json!({"title": "x", "riskLevel": "extreme"}), Some("riskLevel")),
+        (json!({"title": "x", "riskLevel": "low", "status": "executed"}), Some("status")),
+        (json!({"title": "", "riskLevel": "low"}), Some("title")),
+        (json!({"title": "x", "riskLevel": "low", "colour": "red"}), None),
+    ] {
+        let (status, answer) = post(&client, &cloud, key, DECISIONS, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        if let Some(field) = field {
+            assert_eq!(answer["error"]["field"], field, "{answer}");
+        }
+    }
+
+    // Grants: create, get, list, revoke once.
+    const GRANTS: &str = "/api/governance/authority-grants";
+    let grant = create(&client, &cloud, key, GRANTS, "authorityGrant",
+        &json!({"grantee": "robot-1", "actions": ["dispatch"], "maxAmount": 10.5, "currency": "USD"})).await;
+    assert!(grant.starts_with("grt_"));
+    let (status, body) = get(&client, &cloud, key, &format!("{GRANTS}/{grant}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["authorityGrant"]["revoked"], false);
+    let (status, body) =
+        patch(&client, &cloud, key, &format!("{GRANTS}/{grant}"), &json!({"revoked": true})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body["authorityGrant"]["revokedAt"].is_i64());
+    let (status, _) =
+        patch(&client, &cloud, key, &format!("{GRANTS}/{grant}"), &json!({"revoked": false})).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (_, list) = get(&client, &cloud, key, GRANTS).await;
+    assert_eq!(list["authorityGrants"].as_array().unwrap().len(), 1);
+    for (body, field) in [
+        (json!({"grantee": "a", "actions": []}), "actions"),
+        (json!({"grantee": "a", "actions": ["x"], "maxAmount": -1}), "maxAmount"),
+        (json!({"grantee": "a", "actions": ["x"], "maxAmount": 1e16}), "maxAmount"),
+        (json!({"grantee": "a", "actions": ["x"], "currency": "euro"}), "currency"),
+        (json!({"grantee": "a", "actions": ["x"], "validFrom": 10, "validUntil": 5}), "validUntil"),
+    ] {
+        let (status, answer) = post(&client, &cloud, key, GRANTS, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(answer["error"]["field"], field, "{answer}");
+    }
+
+    // Contracts.
+    const CONTRACTS: &str = "/api/governance/context-contracts";
+    let contract = create(
+        &client,
+        &cloud,
+        key,
+        CONTRACTS,
+        "contextContract",
+        &json!({"allowedActions": ["dispatch"], "requiredTrustTier": "T1"}),
+    )
+    .await;
+    assert!(contract.starts_with("ctc_"));
+    let (status, body) = get(&client, &cloud, key, &format!("{CONTRACTS}/{contract}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["contextContract"]["requiredTrustTier"], "T1");
+    assert_eq!(body["contextContract"]["requiredCompliance"], json!([]));
+    let (status, _) = post(
+        &client,
+        &cloud,
+        key,
+        CONTRACTS,
+        &json!({"allowedActions": ["x"], "requiredTrustTier": "T9"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (_, list) = get(&client, &cloud, key, CONTRACTS).await;
+    assert_eq!(list["contextContracts"].as_array().unwrap().len(), 1);
+
+    // Tracking plans.
+    let plan = create(&client, &cloud, key, "/api/tracking-plans", "trackingPlan",
+        &json!({"name": "Support agent", "vertical": "ecommerce",
+            "events": ["ticket.opened", {"event": "refund.issued", "properties": {"amount": "number"}}]})).await;
+    assert!(plan.starts_with("plan_"));
+    let (status, body) = get(&client, &cloud, key, &format!("/api/tracking-plans/{plan}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["trackingPlan"]["events"][1]["event"], "refund.issued");
+    let (_, list) = get(&client, &cloud, key, "/api/tracking-plans").await;
+    assert_eq!(list["trackingPlans"].as_array().unwrap().len(), 1);
+    let (status, answer) = post(
+        &client,
+        &cloud,
+        key,
+        "/api/tracking-plans",
+        &json!({"name": "x", "vertical": "y", "events": [{"name": "no event key"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(answer["error"]["field"], "events[0].event");
+}
+
+#[tokio::test]
+async fn bad_enforce_bodies_are_400_and_record_nothing() {
+    let cloud = start(&[]).await;
+    let client = client();
+    let key = &cloud.key;
+    let good = prepare(&client, &cloud, key, &base(now_ms(), "trace-bad")).await;
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut body = good.clone();
+        f(&mut body);
+        body
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (json!([]), ""),
+        (json!({}), ""),
+        (
+            with(&|b| {
+                b.as_object_mut().unwrap().remove("decisionObjectId");
+            }),
+            "",
+        ),
+        (
+            with(&|b| {
+                b.as_object_mut().unwrap().remove("proposedAction");
+            }),
+            "",
+        ),
+        (
+            with(&|b| b["proposedAction"] = json!({"amount": 5, "currency": "EUR"})),
+            "proposedAction",
+        ),
+        (with(&|b| b["proposedAction"]["action"] = json!("")), "proposedAction.action"),
+        (with(&|b| b["proposedAction"]["amount"] = json!(-0.01)), "proposedAction.amount"),
+        (with(&|b| b["proposedAction"]["amount"] = json!(1e16)), "proposedAction.amount"),
+        (with(&|b| b["proposedAction"]["amount"] = json!("NaN")), "proposedAction.amount"),
+        (with(&|b| b["proposedAction"]["amount"] = json!("12")), "proposedAction.amount"),
+        (with(&|b| b["proposedAction"]["currency"] = json!("eur")), "proposedAction.currency"),
+        (with(&|b| b["proposedAction"]["currency"] = json!("EURO")), "proposedAction.currency"),
+        (
+            with(&|b| {
+                b["proposedAction"].as_object_mut().unwrap().remove("currency");
+            }),
+            "proposedAction.currency",
+        ),
+        (with(&|b| b["decisionObjectId"] = json!(42)), "decisionObjectId"),
+        (with(&|b| b["attestation"] = json!({"signature": "no provider"})), "attestation"),
+        (with(&|b| b["attestation"] = json!([{"provider": ""}])), "attestation[0].provider"),
+        (with(&|b| b["complianceMapping"] = json!(["SOC2"])), "complianceMapping"),
+        (with(&|b| b["surprise"] = json!(true)), ""),
+    ];
+    for (body, field) in &cases {
+        let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(code(&answer), "validation_failed", "{answer}");
+        if !field.is_empty() {
+            let got = answer["error"]["field"].as_str().unwrap_or("");
+            assert!(got.starts_with(field), "{body}: field {got:?}, expected {field:?}");
+        }
+    }
+    // Not JSON at all, and NaN literals (not JSON either).
+    for raw in ["{not json", r#"{"proposedAction": {"amount": NaN}}"#] {
+        let response = client
+            .post(cloud.at("/api/governance/enforce"))
+            .bearer_auth(key)
+            .header("content-type", "application/json")
+            .body(raw)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    }
+    assert!(receipts(&client, &cloud, key, "").await.is_empty(), "no receipt for a bad body");
+    let (_, events) = get(&client, &cloud, key, "/api/events?event=governance.enforced").await;
+    assert!(events["events"].as_array().unwrap().is_empty());
+
+    // The good body still works, and asking for a push with no endpoint
+    // configured is a 400 that creates nothing.
+    let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", &good).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, answer) = post(
+        &client,
+        &cloud,
+        key,
+        "/api/proof-event-trails/export",
+        &json!({"title": "t", "receiptIds": [answer["receiptId"]], "pushToExternalProof": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["field"], "pushToExternalProof");
+    let (_, trails) = get(&client, &cloud, key, "/api/proof-event-trails").await;
+    assert!(trails["proofTrails"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_enforce_calls_keep_each_chain_linear() {
+    let cloud = start(&[]).await;
+    let client = client();
+    let key = cloud.key.clone();
+    let body = prepare(&client, &cloud, &key, &base(now_ms(), "trace-conc")).await;
+    let (status, second) =
+        post(&client, &cloud, &key, "/api/keys", &json!({"name": "agent"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let second = second["apiKey"].as_str().unwrap().to_owned();
+
+    const CALLS: usize = 50;
+    let cloud = Arc::new(cloud);
+    let mut tasks = Vec::new();
+    for i in 0..CALLS + 10 {
+        let (client, cloud, body) = (client.clone(), Arc::clone(&cloud), body.clone());
+        let key = if i < CALLS { key.clone() } else { second.clone() };
+        tasks.push(tokio::spawn(async move {
+            let (status, answer) =
+                post(&client, &cloud, &key, "/api/governance/enforce", &body).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+            answer["receiptId"].as_str().unwrap().to_owned()
+        }));
+    }
+    let mut answered = HashSet::new();
+    for task in tasks {
+        assert!(answered.insert(task.await.unwrap()), "duplicate receipt id");
+    }
+
+    let all = receipts(&client, &cloud, &key, "").await;
+    assert_eq!(all.len(), CALLS + 10, "no lost receipt");
+    let stored: HashSet<String> =
+        all.iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(stored, answered);
+    let writers: HashSet<String> =
+        all.iter().map(|r| r["writer"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(writers.len(), 2);
+    for writer in writers {
+        let mut chain: Vec<&Value> =
+            all.iter().filter(|r| r["writer"] == writer.as_str()).collect();
+        chain.sort_by_key(|r| r["sequence"].as_u64().unwrap());
+        let expected_len = if chain.len() == CALLS { CALLS } else { 10 };
+        assert_eq!(chain.len(), expected_len);
+        let mut prev = "0".repeat(64);
+        for (i, receipt) in chain.iter().enumerate() {
+            assert_eq!(receipt["sequence"], i as u64 + 1, "no gap, no duplicate position");
+            assert_eq!(receipt["prevHash"], prev.as_str(), "linked to the one before: no fork");
+            prev = receipt["contentHash"].as_str().unwrap().to_owned();
+        }
+    }
+    let (status, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(report["valid"], true, "{report:#}");
+    assert_eq!(report["checkedReceipts"], CALLS as u64 + 10);
+    assert_eq!(report["chains"].as_array().unwrap().len(), 2);
+    let (_, events) =
+        get(&client, &cloud, &key, "/api/events?event=governance.enforced&limit=1000").await;
+    assert_eq!(events["events"].as_array().unwrap().len(), CALLS + 10, "each receipt is an event");
+}
+
+#[tokio::test]
+async fn tampering_with_a_stored_receipt_is_detected() {
+    let mut cloud = start(&[]).await;
+    let tmp = cloud.keep_dir().unwrap();
+    let client = client();
+    let key = cloud.key.clone();
+    let body = prepare(&client, &cloud, &key, &base(now_ms(), "trace-tamper")).await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let (status, answer) = post(&client, &cloud, &key, "/api/governance/enforce", &body).await;
+        assert_eq!(status, StatusCode::OK);
+        ids.push(answer["receiptId"].as_str().unwrap().to_owned());
+    }
+    let (_, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
+    assert_eq!(report["valid"], true, "{report}");
+    let dir = cloud.data_dir.clone();
+    let status = cloud.process.terminate().await.unwrap();
+    assert!(status.success());
+
+    let db = dir.join("opgraph.db");
+    {
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        // The store itself refuses edits...
+        let refused = conn
+            .execute("UPDATE governance_receipts SET outcome = 'deny' WHERE id = ?1", [&ids[1]]);
+        assert!(refused.is_err(), "receipts are immutable through SQL");
+        // ...but someone with the file can drop the guard and rewrite a body.
+        conn.execute_batch("DROP TRIGGER governance_receipts_no_update").unwrap();
+        let changed = conn
+            .execute(
+                "UPDATE governance_receipts SET body = json_set(body, '$.outcome', 'deny') WHERE id = ?1",
+                [&ids[1]],
+            )
+            .unwrap();
+        assert_eq!(changed, 1);
+    }
+
+    let cloud = start_in(&dir, &[]).await;
+    let (status, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(report["valid"], false, "{report:#}");
+    let broken = &report["firstBroken"];
+    assert_eq!(broken["receiptId"], ids[1].as_str(), "{report:#}");
+    assert_eq!(broken["sequence"], 2);
+    assert!(broken["reason"].as_str().unwrap().contains("contentHash mismatch"), "{broken}");
+    // The listing shows the stored (tampered) body, not a cleaned-up one.
+    let (_, one) =
+        get(&client, &cloud, &key, &format!("/api/governance/receipts/{}", ids[1])).await;
+    assert_eq!(one["receipt"]["outcome"], "deny");
+
+    // A forger who re-hashes the edited receipt breaks the next link.
+    let dir = cloud.data_dir.clone();
+    assert!(cloud.process.terminate().await.unwrap().success());
+    {
+        let conn = rusqlite::Connection::open(dir.join("opgraph.db")).unwrap();
+        // The restart put the guard back; drop it again.
+        conn.execute_batch("DROP TRIGGER governance_receipts_no_update").unwrap();
+        let stored: String = conn
+            .query_row("SELECT body FROM governance_receipts WHERE id = ?1", [&ids[1]], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let mut forged: Value = serde_json::from_str(&stored).unwrap();
+        forged.as_object_mut().unwrap().remove("contentHash");
+        let hash = content_hash(&forged);
+        forged["contentHash"] = json!(hash);
+        conn.execute(
+            "UPDATE governance_receipts SET body = ?2, content_hash = ?3, outcome = 'deny' WHERE id = ?1",
+            rusqlite::params![ids[1], forged.to_string(), hash],
+        )
+        .unwrap();
+    }
+    let cloud = start_in(&dir, &[]).await;
+    let (_, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
+    assert_eq!(report["valid"], false, "{report:#}");
+    assert_eq!(report["firstBroken"]["receiptId"], ids[2].as_str(), "{report:#}");
+    assert!(report["firstBroken"]["reason"].as_str().unwrap().contains("prevHash"), "{report:#}");
+    drop(cloud);
+    drop(tmp);
+}
+
+/// The canonical-JSON SHA-256 of docs/governance.md, written independently
+/// of the cloud's code: sorted keys, no whitespace, serde_json's escaping.
+fn content_hash(value: &Value) -> String {
+    fn canonical(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::to_string(k).unwrap());
+                    out.push(':');
+                    canonical(&map[k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&serde_json::to_string(other).unwrap()),
+        }
+    }
+    let mut text = String::new();
+    canonical(value, &mut text);
+    Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn receipts_hash_as_documented() {
+    let cloud = start(&[]).await;
+    let client = client();
+    let body = prepare(&client, &cloud, &cloud.key, &base(now_ms(), "trace-hash")).await;
+    let (_, answer) = post(&client, &cloud, &cloud.key, "/api/governance/enforce", &body).await;
+    let mut receipt = answer["receipt"].clone();
+    let stated = receipt["contentHash"].as_str().unwrap().to_owned();
+    receipt.as_object_mut().unwrap().remove("contentHash");
+    assert_eq!(content_hash(&receipt), stated);
+    assert_eq!(receipt["prevHash"], "0".repeat(64));
+    assert_eq!(receipt["sequence"], 1);
+    assert_eq!(receipt["proposedAction"]["orderId"], "8812", "extra keys are recorded");
+    assert_eq!(receipt["trigger"]["trustTier"], "T3");
+}
+
+// ---------------------------------------------------------------------------
+// Proof trails and the push to a local HTTPS endpoint.
+
+/// Requests received: head and body.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A one-connection-at-a-time HTTPS endpoint with a self-signed certificate
+/// for 127.0.0.1: answers each request with the next status of `plan`
+/// (the last one repeats) and `{"id": "ext-N"}`, and keeps what it got.
+struct ProofEndpoint {
+    url: String,
+    ca_file: std::path::PathBuf,
+    received: Received,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+async fn proof_endpoint(plan: Vec<u16>) -> ProofEndpoint {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let ca_file = dir.path().join("proof-ca.pem");
+    std::fs::write(&ca_file, certified.cert.pem()).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![certified.cert.der().clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}/v1/proofs?token=secret", listener.local_addr().unwrap());
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&received);
+    let count = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let Ok(mut tls) = acceptor.accept(tcp).await else { continue };
+            let (head, body) = read_request(&mut tls).await;
+            let n = count.fetch_add(1, Ordering::SeqCst);
+            seen.lock().unwrap().push((head, body));
+            let status = plan[n.min(plan.len() - 1)];
+            let answer = format!("{{\"id\": \"ext-{n}\"}}");
+            let response = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                answer.len()
+            );
+            let _ = tls.write_all(response.as_bytes()).await;
+            let _ = tls.shutdown().await;
+        }
+    });
+    ProofEndpoint { url, ca_file, received, task, _dir: dir }
+}
+
+/// Reads one HTTP/1.1 request: head, then `content-length` bytes of body.
+async fn read_request<S: AsyncReadExt + Unpin>(stream: &mut S) -> (String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break pos + 4;
+        }
+        let n = stream.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return (String::new(), Vec::new());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    (head, buf[head_end..].to_vec())
+}
+
+#[tokio::test]
+async fn proof_trails_export_verify_and_push() {
+    let mut endpoint = proof_endpoint(vec![200, 500]).await;
+    let cloud = start(&[
+        ("OPGRAPH_PROOF_URL", endpoint.url.clone()),
+        ("OPGRAPH_PROOF_CA_FILE", endpoint.ca_file.display().to_string()),
+        ("OPGRAPH_PROOF_TIMEOUT", "5s".to_owned()),
+    ])
+    .await;
+    let client = client();
+    let key = &cloud.key.clone();
+    let body = prepare(&client, &cloud, key, &base(now_ms(), "trace-proof")).await;
+    let (_, first) = post(&client, &cloud, key, "/api/governance/enforce", &body).await;
+    let (_, second) = post(&client, &cloud, key, "/api/governance/enforce", &body).await;
+    let receipt_ids = json!([first["receiptId"], second["receiptId"]]);
+
+    // Export without a push.
+    let (status, exported) = post(
+        &client,
+        &cloud,
+        key,
+        "/api/proof-event-trails/export",
+        &json!({
+        "title": "Refund 8812", "receiptIds": receipt_ids,
+        "evidence": [{"kind": "photo", "sha256": "ab12"}, {"kind": "note", "text": "ok"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{exported}");
+    assert!(exported.get("exportReceipt").is_none());
+    let trail = &exported["proofTrail"];
+    let id = trail["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("prf_"));
+    let kinds: Vec<&str> =
+        trail["items"].as_array().unwrap().iter().map(|i| i["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "receipt",
+            "receipt",
+            "decision",
+            "authority_grant",
+            "context_contract",
+            "event",
+            "event",
+            "event",
+            "evidence",
+            "evidence"
+        ],
+        "receipts, their objects, the trace's events (the trigger and two receipt events), evidence"
+    );
+    assert_eq!(trail["itemCount"], 10);
+    let (status, verified) =
+        get(&client, &cloud, key, &format!("/api/proof-event-trails/{id}/verify")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(verified["valid"], true, "{verified}");
+    assert_eq!(verified["rootHash"], trail["rootHash"]);
+    assert_eq!(verified["recomputedHash"], trail["rootHash"]);
+    let (status, fetched) =
+        get(&client, &cloud, key, &format!("/api/proof-event-trails/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(fetched["proofTrail"], *trail);
+    assert_eq!(fetched["exportReceipts"], json!([]));
+
+    // Push: the endpoint answers 200, then 500.
+    let export = json!({"title": "pushed", "traceId": "trace-proof", "pushToExternalProof": true});
+    let (status, ok) = post(&client, &cloud, key, "/api/proof-event-trails/export", &export).await;
+    assert_eq!(status, StatusCode::CREATED, "{ok}");
+    let receipt = &ok["exportReceipt"];
+    assert_eq!(receipt["status"], "succeeded", "{receipt}");
+    assert_eq!(receipt["responseStatus"], 200);
+    assert_eq!(receipt["externalId"], "ext-0");
+    assert!(receipt["id"].as_str().unwrap().starts_with("exp_"));
+    assert_eq!(
+        receipt["destination"],
+        endpoint.url.split('?').next().unwrap(),
+        "no query, no secret"
+    );
+    assert_eq!(receipt["recordCount"], ok["proofTrail"]["itemCount"]);
+    {
+        let received = endpoint.received.lock().unwrap();
+        let (head, bytes) = &received[0];
+        let hash: String = Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(receipt["payloadHash"], hash.as_str(), "hash of the exact bytes sent");
+        let packet: Value = serde_json::from_slice(bytes).unwrap();
+        assert_eq!(packet["proofTrail"]["rootHash"], ok["proofTrail"]["rootHash"]);
+        let request_id = receipt["requestId"].as_str().unwrap();
+        assert!(head.contains(&format!("x-opgraph-request-id: {request_id}")), "{head}");
+    }
+    let (status, failed) =
+        post(&client, &cloud, key, "/api/proof-event-trails/export", &export).await;
+    assert_eq!(status, StatusCode::CREATED, "the trail exists whatever the push did: {failed}");
+    let receipt = &failed["exportReceipt"];
+    assert_eq!(receipt["status"], "failed");
+    assert_eq!(receipt["responseStatus"], 500);
+    assert!(receipt["error"].as_str().unwrap().contains("HTTP 500"), "{receipt}");
+
+    // No endpoint listening at all: failed, without a response status.
+    endpoint.task.abort();
+    let _ = (&mut endpoint.task).await;
+    let (status, down) =
+        post(&client, &cloud, key, "/api/proof-event-trails/export", &export).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let receipt = &down["exportReceipt"];
+    assert_eq!(receipt["status"], "failed", "{receipt}");
+    assert!(receipt.get("responseStatus").is_none_or(Value::is_null), "{receipt}");
+    assert!(!receipt["error"].as_str().unwrap().is_empty());
+    let down_id = down["proofTrail"]["id"].as_str().unwrap();
+    let (_, fetched) =
+        get(&client, &cloud, key, &format!("/api/proof-event-trails/{down_id}")).await;
+    assert_eq!(fetched["exportReceipts"][0], *receipt);
+
+    // Missing receipt: 404 naming it, nothing created.
+    let (status, answer) = post(
+        &client,
+        &cloud,
+        key,
+        "/api/proof-event-trails/export",
+        &json!({"title": "x", "receiptIds": ["rcp_missing"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    let (_, trails) = get(&client, &cloud, key, "/api/proof-event-trails").await;
+    assert_eq!(trails["proofTrails"].as_array().unwrap().len(), 4);
+    let (status, _) =
+        post(&client, &cloud, key, "/api/proof-event-trails/export", &json!({"title": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = post(
+        &client,
+        &cloud,
+        key,
+        "/api/proof-event-trails/export",
+        &json!({"title": "x", "traceId": "no-such-trace"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "an empty packet proves nothing");
+
+    // Tampering with a stored trail shows in verify.
+    let dir = cloud.data_dir.clone();
+    let mut cloud = cloud;
+    let tmp = cloud.keep_dir();
+    assert!(cloud.process.terminate().await.unwrap().success());
+    {
+        let conn = rusqlite::Connection::open(dir.join("opgraph.db")).unwrap();
+        conn.execute(
+            "UPDATE proof_trails SET body = json_set(body, '$.items[0].body.outcome', 'deny') WHERE id = ?1",
+            [&id],
+        )
+        .unwrap();
+    }
+    let cloud = start_in(&dir, &[]).await;
+    let (_, verified) =
+        get(&client, &cloud, key, &format!("/api/proof-event-trails/{id}/verify")).await;
+    assert_eq!(verified["valid"], false, "{verified}");
+    assert_ne!(verified["recomputedHash"], verified["rootHash"]);
+    assert_eq!(verified["mismatchedItems"].as_array().unwrap().len(), 1);
+    drop(cloud);
+    drop(tmp);
+}
+
+#[tokio::test]
+async fn another_workspaces_objects_are_not_found() {
+    let cloud = start(&[]).await;
+    let client = client();
+    let a = cloud.key.clone();
+    let b = new_workspace(&client, &cloud, "other").await;
+    let body = prepare(&client, &cloud, &a, &base(now_ms(), "trace-ws")).await;
+    let (_, enforced) = post(&client, &cloud, &a, "/api/governance/enforce", &body).await;
+    assert_eq!(enforced["outcome"], "allow", "{enforced:#}");
+    let receipt = enforced["receiptId"].as_str().unwrap();
+    let (_, exported) = post(
+        &client,
+        &cloud,
+        &a,
+        "/api/proof-event-trails/export",
+        &json!({"title": "a", "receiptIds": [receipt]}),
+    )
+    .await;
+    let trail = exported["proofTrail"]["id"].as_str().unwrap();
+    let plan = create(
+        &client,
+        &cloud,
+        &a,
+        "/api/tracking-plans",
+        "trackingPlan",
+        &json!({"name": "p", "vertical": "v", "events": ["e"]}),
+    )
+    .await;
+
+    let dec = body["decisionObjectId"].as_str().unwrap();
+    let grt = body["authorityGrantId"].as_str().unwrap();
+    let ctc = body["contextContractId"].as_str().unwrap();
+    for path in [
+        format!("/api/governance/decision-objects/{dec}"),
+        format!("/api/governance/authority-grants/{grt}"),
+        format!("/api/governance/context-contracts/{ctc}"),
+        format!("/api/governance/receipts/{receipt}"),
+        format!("/api/proof-event-trails/{trail}"),
+        format!("/api/proof-event-trails/{trail}/verify"),
+        format!("/api/tracking-plans/{plan}"),
+    ] {
+        let (status, answer) = get(&client, &cloud, &b, &path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {answer}");
+        assert_eq!(code(&answer), "not_found");
+        let (status, _) = get(&client, &cloud, &a, &path).await;
+        assert_eq!(status, StatusCode::OK, "{path} in its own workspace");
+    }
+    let (status, _) = patch(
+        &client,
+        &cloud,
+        &b,
+        &format!("/api/governance/decision-objects/{dec}"),
+        &json!({"status": "executed"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = patch(
+        &client,
+        &cloud,
+        &b,
+        &format!("/api/governance/authority-grants/{grt}"),
+        &json!({"revoked": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, still) =
+        get(&client, &cloud, &a, &format!("/api/governance/authority-grants/{grt}")).await;
+    assert_eq!(still["authorityGrant"]["revoked"], false);
+
+    // Enforcing in B with A's objects: deny, each reference "not found".
+    let (status, answer) = post(&client, &cloud, &b, "/api/governance/enforce", &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["outcome"], "deny");
+    for check in ["decision_object", "authority_grant", "context_contract"] {
+        let c = answer["checks"].as_array().unwrap().iter().find(|c| c["check"] == check).unwrap();
+        assert_eq!(c["passed"], false);
+        assert!(c["detail"].as_str().unwrap().contains("not found in this workspace"), "{c}");
+    }
+    // Exporting A's receipt from B: 404; B's lists hold only B's.
+    let (status, _) = post(
+        &client,
+        &cloud,
+        &b,
+        "/api/proof-event-trails/export",
+        &json!({"title": "b", "receiptIds": [receipt]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(receipts(&client, &cloud, &b, "").await.len(), 1);
+    let (_, list) = get(&client, &cloud, &b, "/api/governance/decision-objects").await;
+    assert_eq!(list["decisionObjects"], json!([]));
+    let (_, report) = get(&client, &cloud, &b, "/api/governance/receipts/verify").await;
+    assert_eq!(report["checkedReceipts"], 1);
+}
