@@ -151,7 +151,15 @@ impl Cloud {
             .find(|(k, _)| *k == "OPGRAPH_BOOTSTRAP_KEY")
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
-        let process = Process::start("opgraph-cloud", &[], &env, &["http"]).await?;
+        let last = |name: &str| env.iter().rev().find(|(k, _)| *k == name).map(|(_, v)| v.as_str());
+        let mut expect = vec!["http"];
+        if last("OPGRAPH_GRPC_ADDR") != Some("off") {
+            expect.push("grpc");
+        }
+        if last("OPGRAPH_QUIC_ADDR") != Some("off") {
+            expect.push("quic");
+        }
+        let process = Process::start("opgraph-cloud", &[], &env, &expect).await?;
         let url = format!("http://{}", process.addrs["http"]);
         Ok(Cloud { process, url, key, data_dir: dir.to_path_buf(), _tmp: None })
     }

@@ -1,0 +1,356 @@
+//! The cloud's gateway receivers, driven by hand-made gRPC and QUIC
+//! clients: exactly-once commits under redelivery and overlap, fencing, and
+//! every kind of bad input (credentials, ranges, garbage frames, oversized
+//! and decompression-bomb batches), each refused without storing anything
+//! and without disturbing other gateways.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use opgraph_proto::frame::{self, FrameKind, HEADER_LEN};
+use opgraph_proto::{Event, pb};
+use opgraph_tests::Cloud;
+use serde_json::{Value, json};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+
+fn event(seq: u64, name: &str) -> pb::Event {
+    let mut e = Event::named(name).to_pb(format!("evt_test{seq:020}"), seq);
+    e.received_at_ms = Some(1_795_000_000_000);
+    e
+}
+
+fn batch(gateway: &str, epoch: u64, range: (u64, u64), seqs: &[u64]) -> pb::Batch {
+    pb::Batch {
+        gateway_id: gateway.into(),
+        epoch,
+        first_sequence: range.0,
+        last_sequence: range.1,
+        events: seqs.iter().map(|s| event(*s, "tote.moved")).collect(),
+    }
+}
+
+fn cert(cloud: &Cloud) -> Vec<u8> {
+    std::fs::read(cloud.data_dir.join("receiver-cert.pem")).unwrap()
+}
+
+async fn grpc(cloud: &Cloud) -> pb::ingest_client::IngestClient<Channel> {
+    let addr = &cloud.process.addrs["grpc"];
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(cert(cloud)))
+        .domain_name("localhost");
+    let channel = Channel::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    pb::ingest_client::IngestClient::new(channel)
+        .send_compressed(tonic::codec::CompressionEncoding::Zstd)
+}
+
+fn authed<T>(message: T, key: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+    request
+}
+
+async fn hello(
+    client: &mut pb::ingest_client::IngestClient<Channel>,
+    key: &str,
+    gateway: &str,
+) -> pb::HelloResponse {
+    let request = pb::HelloRequest { gateway_id: gateway.into(), software_version: "test".into() };
+    client.hello(authed(request, key)).await.unwrap().into_inner()
+}
+
+/// Sends batches on one Send stream and collects one ack per batch.
+async fn send_all(
+    client: &mut pb::ingest_client::IngestClient<Channel>,
+    key: &str,
+    batches: Vec<pb::Batch>,
+) -> Vec<pb::Ack> {
+    let n = batches.len();
+    let stream = tokio_stream::iter(batches);
+    let mut acks = client.send(authed(stream, key)).await.unwrap().into_inner();
+    let mut out = Vec::new();
+    while out.len() < n {
+        match acks.message().await.unwrap() {
+            Some(ack) => out.push(ack),
+            None => break,
+        }
+    }
+    out
+}
+
+async fn stored_ids(cloud: &Cloud) -> Vec<String> {
+    let body: Value = cloud
+        .http()
+        .get(cloud.at("/api/events?limit=1000&event=tote.moved"))
+        .bearer_auth(&cloud.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut ids: Vec<String> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn ids(seqs: impl IntoIterator<Item = u64>) -> Vec<String> {
+    let mut ids: Vec<String> = seqs.into_iter().map(|s| format!("evt_test{s:020}")).collect();
+    ids.sort();
+    ids
+}
+
+const OK: i32 = pb::AckStatus::Ok as i32;
+const REJECTED: i32 = pb::AckStatus::Rejected as i32;
+
+#[tokio::test]
+async fn grpc_commits_exactly_once_under_redelivery_overlap_and_gaps() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let mut client = grpc(&cloud).await;
+    let session = hello(&mut client, &cloud.key, "gw-a").await;
+    assert_eq!((session.epoch, session.acked_sequence), (1, 0));
+    let e = session.epoch;
+    let acks = send_all(
+        &mut client,
+        &cloud.key,
+        vec![
+            batch("gw-a", e, (1, 3), &[1, 2, 3]),
+            batch("gw-a", e, (1, 3), &[1, 2, 3]), // redelivered
+            batch("gw-a", e, (2, 5), &[2, 3, 4, 5]), // overlapping
+            batch("gw-a", e, (6, 8), &[6, 8]),    // 7 was dropped at the edge
+            batch("gw-a", e, (9, 9), &[]),        // a range of drops only
+        ],
+    )
+    .await;
+    let acked: Vec<(i32, u64)> = acks.iter().map(|a| (a.status, a.acked_sequence)).collect();
+    assert_eq!(acked, vec![(OK, 3), (OK, 3), (OK, 5), (OK, 8), (OK, 9)], "{acks:?}");
+    assert_eq!(stored_ids(&cloud).await, ids([1, 2, 3, 4, 5, 6, 8]));
+
+    // A reconnect resumes from the stored prefix and fences the old epoch.
+    let again = hello(&mut client, &cloud.key, "gw-a").await;
+    assert_eq!((again.epoch, again.acked_sequence), (2, 9));
+    let stale = send_all(&mut client, &cloud.key, vec![batch("gw-a", 1, (10, 10), &[10])]).await;
+    assert_eq!(stale[0].status, pb::AckStatus::Fenced as i32);
+    // A batch that starts past the stored prefix waits, then is refused
+    // for later: nothing is stored out of order.
+    let early = send_all(&mut client, &cloud.key, vec![batch("gw-a", 2, (12, 12), &[12])]).await;
+    assert_eq!(early[0].status, pb::AckStatus::RetryLater as i32);
+    assert_eq!(early[0].acked_sequence, 9);
+    assert_eq!(stored_ids(&cloud).await.len(), 7);
+}
+
+#[tokio::test]
+async fn grpc_refuses_bad_credentials_and_bad_batches() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let mut client = grpc(&cloud).await;
+    let request = pb::HelloRequest { gateway_id: "gw-x".into(), software_version: String::new() };
+    let status =
+        client.hello(authed(request.clone(), "og_wrongwrongwrongwrongwrong")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let status = client.hello(tonic::Request::new(request.clone())).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    // A key without the ingest scope.
+    let created: Value = cloud
+        .http()
+        .post(cloud.at("/api/keys"))
+        .bearer_auth(&cloud.key)
+        .json(&json!({"scopes": ["read"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reader = created["apiKey"].as_str().unwrap();
+    let status = client.hello(authed(request, reader)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+
+    let e = hello(&mut client, &cloud.key, "gw-x").await.epoch;
+    let mut shuffled = batch("gw-x", e, (1, 3), &[1, 2, 3]);
+    shuffled.events.swap(0, 2);
+    let mut outside = batch("gw-x", e, (1, 2), &[1, 2]);
+    outside.events[1].sequence = 5;
+    let mut no_id = batch("gw-x", e, (1, 1), &[1]);
+    no_id.events[0].id.clear();
+    let bad = vec![
+        batch("gw-x", e, (5, 2), &[]), // backwards range
+        batch("gw-x", e, (0, 2), &[1, 2]),
+        shuffled,
+        outside,
+        no_id,
+        batch("", e, (1, 1), &[1]),
+    ];
+    let acks = send_all(&mut client, &cloud.key, bad).await;
+    assert_eq!(acks.len(), 6);
+    for ack in &acks {
+        assert_eq!(ack.status, REJECTED, "{ack:?}");
+        assert!(!ack.error.is_empty());
+    }
+    assert!(stored_ids(&cloud).await.is_empty(), "a rejected batch stored something");
+
+    // One invalid envelope is skipped and named; the rest of its batch lands.
+    let mut mixed = batch("gw-x", e, (1, 3), &[1, 2, 3]);
+    mixed.events[1].event.clear();
+    let acks = send_all(&mut client, &cloud.key, vec![mixed]).await;
+    assert_eq!((acks[0].status, acks[0].acked_sequence), (OK, 3));
+    assert!(acks[0].error.contains("seq 2"), "{}", acks[0].error);
+    assert_eq!(stored_ids(&cloud).await, ids([1, 3]));
+
+    // Another gateway was never affected.
+    let mut other = grpc(&cloud).await;
+    let e2 = hello(&mut other, &cloud.key, "gw-y").await.epoch;
+    let mut theirs = batch("gw-y", e2, (1, 1), &[1]);
+    theirs.events[0].id = "evt_test00000000000000000100".into();
+    let acks = send_all(&mut other, &cloud.key, vec![theirs]).await;
+    assert_eq!((acks[0].status, acks[0].acked_sequence), (OK, 1));
+    assert_eq!(stored_ids(&cloud).await, ids([1, 3, 100]));
+
+    let metrics =
+        cloud.http().get(cloud.at("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("reason=\"batch_rejected\"} 6"), "{metrics}");
+    assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
+}
+
+async fn quic_connect(cloud: &Cloud) -> (quinn::Endpoint, quinn::Connection) {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = cert(cloud);
+    for c in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut crypto = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    crypto.alpn_protocols = vec![frame::ALPN.to_vec()];
+    let config = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(crypto).unwrap(),
+    ));
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(config);
+    let addr: SocketAddr = cloud.process.addrs["quic"].parse().unwrap();
+    let connection = endpoint.connect(addr, "localhost").unwrap().await.unwrap();
+    (endpoint, connection)
+}
+
+/// Writes `bytes` on a new stream, finishes it and reads the whole answer.
+async fn exchange(
+    connection: &quinn::Connection,
+    bytes: &[u8],
+) -> anyhow::Result<(FrameKind, Vec<u8>)> {
+    let (mut send, mut recv) = connection.open_bi().await?;
+    send.write_all(bytes).await?;
+    send.finish()?;
+    let answer = recv.read_to_end(1 << 20).await?;
+    let header: [u8; HEADER_LEN] = answer[..HEADER_LEN].try_into()?;
+    let (kind, _) = frame::decode_header(header)?;
+    Ok((kind, answer[HEADER_LEN..].to_vec()))
+}
+
+async fn quic_session(
+    connection: &quinn::Connection,
+    key: &str,
+    gateway: &str,
+) -> anyhow::Result<pb::HelloResponse> {
+    let open = pb::SessionOpen {
+        authorization: format!("Bearer {key}"),
+        hello: Some(pb::HelloRequest {
+            gateway_id: gateway.into(),
+            software_version: "test".into(),
+        }),
+    };
+    let (kind, body) =
+        exchange(connection, &frame::encode_message(FrameKind::SessionOpen, &open)).await?;
+    assert_eq!(kind, FrameKind::HelloResponse);
+    Ok(frame::decode_message(&body)?)
+}
+
+async fn quic_send(connection: &quinn::Connection, bytes: &[u8]) -> pb::Ack {
+    let (kind, body) = exchange(connection, bytes).await.unwrap();
+    assert_eq!(kind, FrameKind::Ack);
+    frame::decode_message(&body).unwrap()
+}
+
+#[tokio::test]
+async fn quic_commits_batches_on_parallel_streams_and_refuses_bad_frames() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let (_endpoint, connection) = quic_connect(&cloud).await;
+    let session = quic_session(&connection, &cloud.key, "gw-q").await.unwrap();
+    let e = session.epoch;
+
+    // Ten batches in flight at once, in reverse order of sequence: later
+    // ones wait for the gap in front of them, none is stored twice.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in (0..10u64).rev() {
+        let connection = connection.clone();
+        let b = batch(
+            "gw-q",
+            e,
+            (i * 10 + 1, i * 10 + 10),
+            &(i * 10 + 1..=i * 10 + 10).collect::<Vec<_>>(),
+        );
+        tasks.spawn(
+            async move { quic_send(&connection, &frame::encode_batch(&b, 1).unwrap()).await },
+        );
+    }
+    let mut top = 0;
+    while let Some(ack) = tasks.join_next().await {
+        let ack = ack.unwrap();
+        assert_eq!(ack.status, OK, "{ack:?}");
+        top = top.max(ack.acked_sequence);
+    }
+    assert_eq!(top, 100);
+    assert_eq!(stored_ids(&cloud).await, ids(1..=100));
+
+    // Garbage, a bomb, an oversized declaration, a wrong frame kind.
+    let bomb_body = zstd::bulk::compress(&vec![0u8; 100 * 1024 * 1024], 3).unwrap();
+    let mut bomb = vec![FrameKind::Batch as u8];
+    bomb.extend_from_slice(&(bomb_body.len() as u32).to_be_bytes());
+    bomb.extend_from_slice(&bomb_body);
+    let mut huge = vec![FrameKind::Batch as u8];
+    huge.extend_from_slice(&u32::MAX.to_be_bytes());
+    let wrong_kind = frame::encode_message(FrameKind::Ack, &pb::Ack::default());
+    for bad in [b"\x03\x00\x00\x00\x04junk".to_vec(), bomb, huge, wrong_kind, b"\x07".to_vec()] {
+        let ack = quic_send(&connection, &bad).await;
+        assert_eq!(ack.status, REJECTED, "{ack:?}");
+    }
+    // The connection still works after all that.
+    let ack = quic_send(
+        &connection,
+        &frame::encode_batch(&batch("gw-q", e, (101, 101), &[101]), 1).unwrap(),
+    )
+    .await;
+    assert_eq!((ack.status, ack.acked_sequence), (OK, 101));
+    assert_eq!(stored_ids(&cloud).await.len(), 101);
+}
+
+#[tokio::test]
+async fn quic_closes_unauthenticated_connections() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let (_endpoint, connection) = quic_connect(&cloud).await;
+    assert!(quic_session(&connection, "og_nottherightkeynottheright", "gw-z").await.is_err());
+    let reason = connection.closed().await;
+    match reason {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(u64::from(close.error_code), 401)
+        }
+        other => panic!("expected an application close, got {other:?}"),
+    }
+    // A batch before any session is not accepted either.
+    let (_endpoint, connection) = quic_connect(&cloud).await;
+    let bytes = frame::encode_batch(&batch("gw-z", 1, (1, 1), &[1]), 1).unwrap();
+    assert!(exchange(&connection, &bytes).await.is_err());
+    assert!(stored_ids(&cloud).await.is_empty());
+}
