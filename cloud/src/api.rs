@@ -18,6 +18,7 @@ pub mod scan;
 pub mod trackables;
 pub mod tracking_plans;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -131,6 +132,22 @@ pub fn parse_limit(raw: Option<&str>) -> Result<usize> {
             .map(|n| usize::try_from(n).unwrap_or(MAX).min(MAX))
             .map_err(|_| Error::validation("limit", "`limit` must be a non-negative integer")),
     }
+}
+
+/// Refuses query parameters an endpoint does not know (a typo would
+/// otherwise silently widen a query).
+pub fn check_params(params: &HashMap<String, String>, known: &[&str]) -> Result<()> {
+    match params.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => {
+            Err(Error::validation(unknown.as_str(), format!("unknown parameter `{unknown}`")))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The `limit` parameter of a list endpoint (see [`parse_limit`]).
+pub fn limit_of(params: &HashMap<String, String>) -> Result<usize> {
+    parse_limit(params.get("limit").map(String::as_str))
 }
 
 /// Parses an optional integer query parameter (milliseconds since epoch).

@@ -11,10 +11,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
-use super::governance::{
-    MAX_TEXT, amount, check_params, currency, event, limit_of, optional_text, parse_body, text,
-};
+use super::governance::{MAX_TEXT, amount, currency, event, optional_text, parse_body, text};
 use super::{AppState, JsonBody, parse_ms};
+use super::{check_params, limit_of};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::governance::chain::{ChainVerifier, VerifyReport};

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::{AppState, parse_limit, parse_ms};
+use super::{AppState, parse_ms};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::store::EventFilter;
@@ -47,11 +47,9 @@ pub async fn list(
 ) -> Result<Json<EventList>> {
     principal.require(Scope::Read)?;
     const KNOWN: [&str; 6] = ["limit", "event", "traceId", "businessId", "from", "to"];
-    if let Some(unknown) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
-        return Err(Error::validation(unknown.as_str(), format!("unknown parameter `{unknown}`")));
-    }
+    super::check_params(&params, &KNOWN)?;
     let filter = EventFilter {
-        limit: parse_limit(params.get("limit").map(String::as_str))?,
+        limit: super::limit_of(&params)?,
         event: params.get("event").cloned(),
         trace_id: params.get("traceId").cloned(),
         business_id: params.get("businessId").cloned(),

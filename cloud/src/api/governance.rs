@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::{AppState, JsonBody, parse_limit};
+use super::{AppState, JsonBody, check_params, limit_of};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::governance::{DecisionStatus, MAX_AMOUNT, RiskLevel, governance_event, object_of};
@@ -98,19 +98,6 @@ fn time(field: &str, value: Option<i64>) -> Result<Option<i64>> {
         }
         other => Ok(other),
     }
-}
-
-pub fn check_params(params: &HashMap<String, String>, known: &[&str]) -> Result<()> {
-    match params.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(unknown) => {
-            Err(Error::validation(unknown.as_str(), format!("unknown parameter `{unknown}`")))
-        }
-        None => Ok(()),
-    }
-}
-
-pub fn limit_of(params: &HashMap<String, String>) -> Result<usize> {
-    parse_limit(params.get("limit").map(String::as_str))
 }
 
 pub fn event(id_at: i64, event: opgraph_proto::Event) -> NewEvent {

@@ -16,7 +16,7 @@ use utoipa::ToSchema;
 
 use super::enforce::receipt_json;
 use super::governance::{MAX_TEXT, parse_body, text};
-use super::{AppState, JsonBody, parse_limit};
+use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::governance::hash::sha256_hex;
@@ -316,10 +316,8 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<TrailList>> {
     principal.require(Scope::Read)?;
-    if let Some(unknown) = params.keys().find(|k| k.as_str() != "limit") {
-        return Err(Error::validation(unknown.as_str(), format!("unknown parameter `{unknown}`")));
-    }
-    let limit = parse_limit(params.get("limit").map(String::as_str))?;
+    super::check_params(&params, &["limit"])?;
+    let limit = super::limit_of(&params)?;
     let proof_trails = state.store.list_proof_trails(&principal.workspace_id, limit).await?;
     Ok(Json(TrailList { proof_trails }))
 }

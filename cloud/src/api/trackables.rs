@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
 use super::ingest::{IngestResponse, idempotency_key, parse_body, record};
-use super::{AppState, JsonBody, optional_str, parse_limit};
+use super::{AppState, JsonBody, optional_str};
 use crate::auth::{Principal, Scope};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -302,10 +302,8 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<TrackableList>> {
     principal.require(Scope::Read)?;
-    if let Some(unknown) = params.keys().find(|k| k.as_str() != "limit") {
-        return Err(Error::validation(unknown.as_str(), format!("unknown parameter `{unknown}`")));
-    }
-    let limit = parse_limit(params.get("limit").map(String::as_str))?;
+    super::check_params(&params, &["limit"])?;
+    let limit = super::limit_of(&params)?;
     let found = state.store.list_trackables(&principal.workspace_id, limit).await?;
     Ok(Json(TrackableList {
         trackables: found.into_iter().map(|t| view(&state.config, t, None)).collect(),

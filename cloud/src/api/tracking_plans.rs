@@ -12,7 +12,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::governance::{MAX_DESCRIPTION, MAX_TEXT, optional_text, parse_body, text};
-use super::{AppState, JsonBody, parse_limit};
+use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::store::governance::TrackingPlan;
@@ -130,10 +130,8 @@ pub async fn list(
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<TrackingPlanList>> {
     principal.require(Scope::Read)?;
-    if let Some(unknown) = params.keys().find(|k| k.as_str() != "limit") {
-        return Err(Error::validation(unknown.as_str(), format!("unknown parameter `{unknown}`")));
-    }
-    let limit = parse_limit(params.get("limit").map(String::as_str))?;
+    super::check_params(&params, &["limit"])?;
+    let limit = super::limit_of(&params)?;
     let tracking_plans = state.store.list_tracking_plans(&principal.workspace_id, limit).await?;
     Ok(Json(TrackingPlanList { tracking_plans }))
 }
