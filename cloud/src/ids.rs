@@ -1,56 +1,9 @@
-//! Opaque, prefixed identifiers (`evt_...`, `key_...`) and hex encoding.
-//!
-//! Ids are ULID-shaped: 48 bits of milliseconds then 80 random bits, in
-//! Crockford base32. Sorting ids sorts them by creation time, which keeps
-//! index inserts append-mostly, and 80 random bits make collisions within a
-//! millisecond negligible.
+//! Opaque, prefixed identifiers (`evt_...`, `key_...`) and hex encoding:
+//! [`opgraph_proto::ids`] (shared with the gateway) on the cloud's clock.
 
-use rand::Rng;
+pub use opgraph_proto::ids::{hex, new_id_at};
 
-const CROCKFORD: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-
+/// A new id with `prefix`, minted now.
 pub fn new_id(prefix: &str) -> String {
     new_id_at(prefix, crate::now_ms())
-}
-
-pub fn new_id_at(prefix: &str, ms: i64) -> String {
-    let random: u128 = rand::rng().random::<u128>() & ((1u128 << 80) - 1);
-    let value = ((ms.max(0) as u128 & ((1u128 << 48) - 1)) << 80) | random;
-    let mut out = String::with_capacity(prefix.len() + 27);
-    out.push_str(prefix);
-    out.push('_');
-    for i in (0..26).rev() {
-        let digit = ((value >> (i * 5)) & 31) as usize;
-        out.push(char::from(CROCKFORD[digit]));
-    }
-    out
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_sort_by_time_and_carry_prefix() {
-        let a = new_id_at("evt", 1_000);
-        let b = new_id_at("evt", 2_000);
-        assert!(a.starts_with("evt_") && a.len() == 30, "{a}");
-        assert!(a < b);
-        assert_ne!(new_id_at("evt", 5), new_id_at("evt", 5));
-    }
-
-    #[test]
-    fn hex_encodes() {
-        assert_eq!(hex(&[0, 15, 255]), "000fff");
-    }
 }

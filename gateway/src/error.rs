@@ -91,22 +91,85 @@ pub enum Error {
     /// acknowledgements are accepted.
     #[error("buffer is closed")]
     Closed,
+
+    /// A listening socket could not be bound.
+    #[error("{key} {addr}: {source}")]
+    Listen {
+        /// The configuration key of the address (`http.addr`).
+        key: &'static str,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The uplink could not reach or keep talking to the cloud: connection
+    /// refused or lost, TLS handshake failure, stream reset. Retrying later
+    /// (after a backoff) can help.
+    #[error("uplink {endpoint}: {reason}")]
+    Uplink {
+        /// The cloud endpoint (`grpc://host:port`, `quic://host:port`).
+        endpoint: String,
+        /// What went wrong.
+        reason: String,
+    },
+
+    /// The cloud refused the gateway's credential (unknown or revoked API
+    /// key, missing `ingest` scope, client certificate not accepted).
+    /// Retrying the same credential fails the same way until an operator
+    /// fixes it; the shipper keeps trying at its longest backoff.
+    #[error("uplink {endpoint}: unauthorized: {reason}")]
+    Unauthorized {
+        /// The cloud endpoint.
+        endpoint: String,
+        /// The cloud's reason.
+        reason: String,
+    },
+
+    /// The cloud answered outside the protocol (unexpected or malformed
+    /// frame). Retrying on a new connection may help.
+    #[error("uplink {endpoint}: protocol error: {reason}")]
+    Protocol {
+        /// The cloud endpoint.
+        endpoint: String,
+        /// What was wrong with the answer.
+        reason: String,
+    },
+
+    /// The cloud did not answer in time.
+    #[error("uplink {endpoint}: no answer to {what} within {after:?}")]
+    Timeout {
+        /// The cloud endpoint.
+        endpoint: String,
+        /// What was waited for (`connect`, `ack`).
+        what: &'static str,
+        /// How long.
+        after: Duration,
+    },
 }
 
 impl Error {
     /// Whether retrying the same operation later may succeed.
     ///
-    /// True for I/O trouble (full or failing disk: space may come back),
-    /// false for bad input, a closed buffer and bad configuration.
+    /// True for I/O trouble (full or failing disk: space may come back) and
+    /// for network trouble with the cloud; false for bad input, a closed
+    /// buffer, bad configuration and a refused credential.
     pub fn retryable(&self) -> bool {
         match self {
-            Error::Io { .. } | Error::NotDurable { .. } => true,
+            Error::Io { .. }
+            | Error::NotDurable { .. }
+            | Error::Uplink { .. }
+            | Error::Protocol { .. }
+            | Error::Timeout { .. } => true,
             Error::InvalidConfig { .. }
             | Error::RecordTooLarge { .. }
             | Error::AppendTooLarge { .. }
             | Error::EmptyAppend
             | Error::AckBeyondEnd { .. }
-            | Error::Closed => false,
+            | Error::Closed
+            | Error::Listen { .. }
+            | Error::Unauthorized { .. } => false,
         }
     }
 

@@ -3,20 +3,38 @@
 //!
 //! Module map (data flows top to bottom):
 //!
-//! - sources (later: MQTT, serial, Modbus, firmware, local ingest) encode
-//!   each accepted event and [`buffer::Buffer::append`] it; the device is
-//!   acknowledged only once the append returned (durable).
+//! - [`http`]: the local port. `POST /ingest` takes the cloud's envelope
+//!   (single or batch, validated by `opgraph_proto::envelope`), gives each
+//!   event an `evt_` id and its receive time, appends the encoded
+//!   `pb::Event`s to the buffer and answers 202 only once that append is
+//!   durable. Also `/health` and Prometheus `/metrics` ([`telemetry`]).
+//!   Device sources (MQTT, serial, Modbus, firmware) come next, the same
+//!   way.
 //! - [`buffer`]: the store-and-forward seam. [`buffer::LogBuffer`] is the
 //!   segmented, checksummed disk log (group commit, crash recovery, overflow
 //!   policy, disk-full handling); [`buffer::MemoryBuffer`] is its in-memory
 //!   fake and model.
-//! - uplinks (later: gRPC, QUIC) [`buffer::Buffer::read`] from the first
-//!   unacknowledged sequence number, send batches, and
-//!   [`buffer::Buffer::ack`] the cloud's cumulative acknowledgement.
-//! - [`error`]: the crate's one error type; [`Error::retryable`] says
-//!   whether trying again can help.
+//! - [`shipper`]: the delivery loop. Hello, then batches built by
+//!   [`batch`] (I/O-free; contiguous ranges that tile the sequence space)
+//!   from the first sequence the cloud lacks, several in flight;
+//!   cumulative acks [`buffer::Buffer::ack`] the buffer; reconnects with
+//!   [`backoff`].
+//! - [`uplink`]: the transport seam, [`uplink::grpc`] (tonic) and
+//!   [`uplink::quic`] (quinn), both TLS on rustls/ring; an in-memory cloud
+//!   in [`uplink::memory`] for tests.
+//! - [`config`]: the TOML file and env overrides; [`app`] wires it all
+//!   and runs the shutdown sequence; [`error`]: the crate's one error type,
+//!   whose [`Error::retryable`] says whether trying again can help.
 
+pub mod app;
+pub mod backoff;
+pub mod batch;
 pub mod buffer;
+pub mod config;
 pub mod error;
+pub mod http;
+pub mod shipper;
+pub mod telemetry;
+pub mod uplink;
 
 pub use error::{Error, Result};

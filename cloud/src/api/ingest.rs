@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::store::{AppendRequest, AppendResult, NewEvent};
 
 /// Most envelopes in one batch.
-pub const MAX_BATCH: usize = 1000;
+pub const MAX_BATCH: usize = opgraph_proto::envelope::MAX_BATCH;
 const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -112,71 +112,21 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
     Ok(Some(key.to_owned()))
 }
 
-/// Validates a single envelope or a batch and applies the defaults, so that
-/// what is stored is complete.
+/// Validates a single envelope or a batch (the shared rules of
+/// [`opgraph_proto::envelope::parse_body`]) and applies the defaults, so
+/// that what is stored is complete.
 pub fn parse_body(body: &Value, now_ms: i64) -> Result<Vec<Event>> {
-    let Some(object) = body.as_object() else {
-        return Err(Error::validation("", "the body must be a JSON object"));
-    };
-    match object.get("batch") {
-        None => Ok(vec![parse_envelope(body, now_ms)?]),
-        Some(batch) => {
-            if let Some(other) = object.keys().find(|k| *k != "batch") {
-                return Err(Error::validation(
-                    other.as_str(),
-                    "a batch body has only the `batch` field",
-                ));
-            }
-            let items = batch
-                .as_array()
-                .ok_or_else(|| Error::validation("batch", "`batch` must be an array"))?;
-            if items.is_empty() || items.len() > MAX_BATCH {
-                return Err(Error::validation(
-                    "batch",
-                    format!("`batch` must hold 1 to {MAX_BATCH} envelopes"),
-                ));
-            }
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| {
-                    parse_envelope(item, now_ms).map_err(|e| match e {
-                        Error::Validation { field, message } => Error::Validation {
-                            field: Some(match field.as_deref() {
-                                None | Some("") => format!("batch[{i}]"),
-                                Some(f) => format!("batch[{i}].{f}"),
-                            }),
-                            message,
-                        },
-                        other => other,
-                    })
-                })
-                .collect()
-        }
-    }
-}
-
-fn parse_envelope(value: &Value, now_ms: i64) -> Result<Event> {
-    finish_envelope(Event::from_json(value, now_ms)?, now_ms)
+    opgraph_proto::envelope::parse_body(body, now_ms)?
+        .into_iter()
+        .map(|event| finish_envelope(event, now_ms))
+        .collect()
 }
 
 /// The cloud's own checks on a validated envelope, then its defaults
 /// (timestamp = receive time, business `default`, tier `T0`), so that what
 /// is stored is complete. Every ingest path (HTTP, gRPC, QUIC) ends here.
 pub fn finish_envelope(mut event: Event, received_at: i64) -> Result<Event> {
-    if let Some(entity) = &event.entity {
-        for key in ["type", "id"] {
-            match entity.get(key) {
-                Some(Value::String(s)) if !s.is_empty() => {}
-                _ => {
-                    return Err(Error::validation(
-                        format!("entity.{key}"),
-                        format!("`entity.{key}` must be a non-empty string"),
-                    ));
-                }
-            }
-        }
-    }
+    opgraph_proto::envelope::check_entity(&event)?;
     event.timestamp.get_or_insert(received_at);
     event.business_id.get_or_insert_with(|| "default".to_owned());
     event.trust_tier.get_or_insert(TrustTier::T0);

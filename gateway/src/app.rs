@@ -1,0 +1,123 @@
+//! The gateway process: builds the components from the configuration and
+//! supervises them until shutdown.
+//!
+//! Tasks run under one [`TaskTracker`]; shutdown goes in steps, each with
+//! its own [`CancellationToken`]: stop intake (the HTTP server finishes the
+//! requests it has), keep delivering for up to `shutdown_flush` until the
+//! buffer is empty, stop the shipper, close the buffer (a final fsync).
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::buffer::{Buffer, LogBuffer};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::http::{self, HttpState};
+use crate::shipper::{Shipper, ShipperConfig, UplinkStatus};
+use crate::telemetry::Metrics;
+use crate::uplink;
+
+/// How long the HTTP server may take to finish its requests after the
+/// buffer closed (requests blocked on a full buffer end then).
+const HTTP_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs the gateway until `shutdown` is cancelled; prints `listening
+/// http=ADDR` on stdout once the local port accepts connections.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
+    // Certificates first: a bad file is a configuration error.
+    let uplink = uplink::build(&config.uplink)?;
+    let buffer: Arc<dyn Buffer> = Arc::new(LogBuffer::open(config.buffer.clone()).await?);
+    let metrics = Arc::new(Metrics::new(Arc::clone(&buffer)));
+    let shipper = Shipper::new(
+        Arc::clone(&buffer),
+        uplink,
+        ShipperConfig::new(&config.gateway_id, &config.uplink),
+        Arc::clone(&metrics),
+    );
+    let status = shipper.status();
+    let state = HttpState {
+        gateway_id: Arc::from(config.gateway_id.as_str()),
+        buffer: Arc::clone(&buffer),
+        metrics,
+        uplink: status.clone(),
+        body_limit: usize::try_from(config.http.body_limit.as_u64()).unwrap_or(usize::MAX),
+    };
+    let addr = config.http.addr;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Listen {
+        key: "http.addr",
+        addr,
+        source,
+    })?;
+    let bound =
+        listener.local_addr().map_err(|source| Error::Listen { key: "http.addr", addr, source })?;
+    announce(&format!("listening http={bound}"));
+    tracing::info!(%bound, gateway = %config.gateway_id, "gateway started");
+
+    let tasks = TaskTracker::new();
+    let intake = CancellationToken::new();
+    let delivery = CancellationToken::new();
+    let stop_intake = intake.clone();
+    let mut server = tokio::spawn(async move {
+        let served = axum::serve(listener, http::router(state))
+            .with_graceful_shutdown(stop_intake.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
+    tasks.spawn(shipper.run(delivery.clone()));
+    tasks.close();
+
+    shutdown.cancelled().await;
+    tracing::info!(flush = ?config.shutdown_flush, "shutting down: intake stopped, flushing");
+    intake.cancel();
+    let deadline = Instant::now() + config.shutdown_flush;
+    let mut server_done = tokio::time::timeout_at(deadline, &mut server).await.is_ok();
+    let delivered = drained(buffer.as_ref(), status, deadline).await;
+    if !delivered {
+        let pending = buffer.stats().pending_records;
+        tracing::warn!(pending, "shutdown flush ended with events still buffered");
+    }
+    delivery.cancel();
+    tasks.wait().await;
+    let closed = buffer.close().await;
+    if !server_done {
+        server_done = tokio::time::timeout(HTTP_DRAIN, server).await.is_ok();
+    }
+    if !server_done {
+        tracing::warn!("HTTP requests still open at exit");
+    }
+    closed
+}
+
+/// Waits until the buffer holds nothing unacknowledged, or `deadline`.
+/// Wakes on acknowledgements (uplink status) and appends (watermark).
+async fn drained(
+    buffer: &dyn Buffer,
+    mut status: watch::Receiver<UplinkStatus>,
+    deadline: Instant,
+) -> bool {
+    let mut watermark = buffer.subscribe();
+    loop {
+        if buffer.stats().pending_records == 0 {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return false,
+            changed = status.changed() => if changed.is_err() { return false },
+            changed = watermark.changed() => if changed.is_err() { return false },
+        }
+    }
+}
+
+/// One line on stdout, flushed at once (harnesses wait for it).
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}

@@ -1,0 +1,265 @@
+//! The gateway's configuration: a TOML file (`--config`), then a few
+//! `OPGRAPH_GATEWAY_*` environment variables on top (secrets belong
+//! there), validated once at load.
+//!
+//! Unknown keys are refused; every problem is reported with its key path
+//! (`uplink.batch_max_events: ...`), all of them at once where the file
+//! parsed. Each component's table lives beside it: [`BufferConfig`] in
+//! `buffer.rs`, [`UplinkConfig`] in `uplink.rs`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::Deserialize;
+
+use crate::buffer::BufferConfig;
+use crate::error::{Error, Result};
+use crate::uplink::{Secret, UplinkConfig};
+
+/// Everything `opgraph-gateway` can be told.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// This gateway's identity towards the cloud; its sequence numbers are
+    /// per gateway id. Required; one id per buffer directory: a new buffer
+    /// under an old id would have its first events taken for duplicates.
+    /// Env `OPGRAPH_GATEWAY_ID`.
+    pub gateway_id: String,
+    /// How long SIGTERM keeps delivering before exiting. Default `5s`;
+    /// what is not delivered by then stays in the buffer for the next
+    /// start. At most `10min`.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_flush: Duration,
+    pub http: HttpConfig,
+    pub buffer: BufferConfig,
+    pub uplink: UplinkConfig,
+}
+
+/// The local HTTP port: health, metrics, local ingest.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address of `/health`, `/metrics` and `POST /ingest`. Default
+    /// `127.0.0.1:9100`; port 0 picks a free port, printed as `listening
+    /// http=...`. The ingest endpoint takes no credential: keep it on a
+    /// trusted network. Env `OPGRAPH_GATEWAY_HTTP_ADDR`.
+    pub addr: SocketAddr,
+    /// Largest ingest body; larger ones get 413. Default `1MiB`.
+    pub body_limit: ByteSize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { addr: SocketAddr::from(([127, 0, 0, 1], 9100)), body_limit: ByteSize::mib(1) }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            gateway_id: String::new(),
+            shutdown_flush: Duration::from_secs(5),
+            http: HttpConfig::default(),
+            buffer: BufferConfig::default(),
+            uplink: UplinkConfig::default(),
+        }
+    }
+}
+
+/// Longest gateway id (the cloud's limit).
+pub const MAX_GATEWAY_ID_LEN: usize = 200;
+
+fn invalid(problems: Vec<String>) -> Error {
+    Error::InvalidConfig { problems }
+}
+
+impl Config {
+    /// Reads `file`, applies the environment (`env` looks a variable up),
+    /// validates.
+    pub fn load(file: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| invalid(vec![format!("{}: {e}", file.display())]))?;
+        let mut config = Self::parse(&text)?;
+        config.apply_env(env)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses TOML, naming the key path of the first problem.
+    pub fn parse(text: &str) -> Result<Config> {
+        let deserializer = toml::Deserializer::parse(text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
+            invalid(vec![format!("(file){at}: {}", e.message().trim())])
+        })?;
+        serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let key = e.path().to_string();
+            invalid(vec![format!("{key}: {}", e.into_inner().message().trim())])
+        })
+    }
+
+    /// Environment overrides.
+    pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<()> {
+        if let Some(v) = env("OPGRAPH_GATEWAY_API_KEY") {
+            self.uplink.api_key = Secret(v.trim().to_owned());
+        }
+        if let Some(v) = env("OPGRAPH_GATEWAY_ID") {
+            self.gateway_id = v.trim().to_owned();
+        }
+        if let Some(v) = env("OPGRAPH_GATEWAY_UPLINK_ENDPOINT") {
+            self.uplink.endpoint = v.trim().to_owned();
+        }
+        if let Some(v) = env("OPGRAPH_GATEWAY_HTTP_ADDR") {
+            self.http.addr = v
+                .trim()
+                .parse()
+                .map_err(|e| invalid(vec![format!("OPGRAPH_GATEWAY_HTTP_ADDR: {e}: {v:?}")]))?;
+        }
+        Ok(())
+    }
+
+    /// Checks everything and reports every problem with its key path.
+    pub fn validate(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        let id = &self.gateway_id;
+        if id.trim().is_empty() {
+            problems.push("gateway_id: required (env OPGRAPH_GATEWAY_ID)".to_owned());
+        } else if id.len() > MAX_GATEWAY_ID_LEN || id.chars().any(char::is_control) {
+            problems.push(format!(
+                "gateway_id: must be 1 to {MAX_GATEWAY_ID_LEN} bytes without control characters"
+            ));
+        }
+        if self.shutdown_flush > Duration::from_secs(600) {
+            problems.push("shutdown_flush: must be at most 10min".to_owned());
+        }
+        if self.http.body_limit.as_u64() < 1024 {
+            problems.push("http.body_limit: must be at least 1KiB".to_owned());
+        }
+        if let Err(Error::InvalidConfig { problems: buffer }) = self.buffer.validate() {
+            problems.extend(buffer.into_iter().map(|p| format!("buffer.{p}")));
+        }
+        problems.extend(self.uplink.problems().into_iter().map(|p| format!("uplink.{p}")));
+        if problems.is_empty() { Ok(()) } else { Err(invalid(problems)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::uplink::Transport;
+
+    fn problems(result: Result<impl std::fmt::Debug>) -> Vec<String> {
+        match result {
+            Err(Error::InvalidConfig { problems }) => problems,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    const MINIMAL: &str = r#"
+        gateway_id = "site-1"
+        [uplink]
+        endpoint = "127.0.0.1:50051"
+        api_key = "og_abcdefghijklmnopqrstuvwxyz"
+    "#;
+
+    #[test]
+    fn minimal_file_gets_the_defaults() {
+        let config = Config::parse(MINIMAL).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.uplink.transport, Transport::Grpc);
+        assert_eq!(config.uplink.batch_max_events, 1000);
+        assert_eq!(config.shutdown_flush, Duration::from_secs(5));
+        assert_eq!(config.http.addr.port(), 9100);
+    }
+
+    #[test]
+    fn unknown_keys_are_reported_with_their_path() {
+        let text = format!("{MINIMAL}\nbatch_max_event = 5\n");
+        let problems = problems(Config::parse(&text));
+        assert!(problems[0].starts_with("uplink.batch_max_event:"), "{problems:?}");
+        let problems = problems_of("[buffer]\nfsink = \"always\"\n");
+        assert!(problems[0].starts_with("buffer.fsink:"), "{problems:?}");
+    }
+
+    fn problems_of(text: &str) -> Vec<String> {
+        problems(Config::parse(text))
+    }
+
+    #[test]
+    fn bad_values_are_reported_with_their_path() {
+        let problems = problems_of("[uplink]\nbatch_linger = \"soon\"\n");
+        assert!(problems[0].starts_with("uplink.batch_linger:"), "{problems:?}");
+        let problems = problems_of("[uplink]\ntransport = \"carrier-pigeon\"\n");
+        assert!(problems[0].starts_with("uplink.transport:"), "{problems:?}");
+        let problems = problems_of("[buffer]\nmax_bytes = -1\n");
+        assert!(problems[0].starts_with("buffer.max_bytes:"), "{problems:?}");
+        let problems = problems_of("gateway_id = [\n");
+        assert!(problems[0].starts_with("(file) (line 1):"), "{problems:?}");
+    }
+
+    #[test]
+    fn validation_reports_every_problem_at_once() {
+        let config = Config::parse(
+            r#"
+            [uplink]
+            batch_max_events = 0
+            max_in_flight = 1000
+            client_cert_file = "/etc/cert.pem"
+            [buffer]
+            segment_bytes = "10B"
+            "#,
+        )
+        .unwrap();
+        let problems = problems(config.validate());
+        let keys: Vec<&str> =
+            problems.iter().map(|p| p.split(':').next().unwrap_or_default()).collect();
+        assert_eq!(
+            keys,
+            [
+                "gateway_id",
+                "buffer.segment_bytes",
+                "uplink.endpoint",
+                "uplink.api_key",
+                "uplink.client_cert_file",
+                "uplink.batch_max_events",
+                "uplink.max_in_flight",
+            ],
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_names_bad_variables() {
+        let mut config = Config::parse("gateway_id = \"a\"\n").unwrap();
+        config
+            .apply_env(|k| match k {
+                "OPGRAPH_GATEWAY_API_KEY" => Some("og_fromenv0123456789abcdef".into()),
+                "OPGRAPH_GATEWAY_UPLINK_ENDPOINT" => Some("localhost:1".into()),
+                "OPGRAPH_GATEWAY_ID" => Some("b".into()),
+                _ => None,
+            })
+            .unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.gateway_id, "b");
+        assert_eq!(config.uplink.api_key.0, "og_fromenv0123456789abcdef");
+        let err = config
+            .apply_env(|k| (k == "OPGRAPH_GATEWAY_HTTP_ADDR").then(|| "nowhere".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("OPGRAPH_GATEWAY_HTTP_ADDR"), "{err}");
+    }
+
+    #[test]
+    fn the_example_config_parses_and_validates() {
+        let text = include_str!("../../deploy/gateway.example.toml");
+        let mut config = Config::parse(text).unwrap();
+        config
+            .apply_env(|k| {
+                (k == "OPGRAPH_GATEWAY_API_KEY").then(|| "og_example0123456789abcdef".into())
+            })
+            .unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.uplink.max_in_flight, UplinkConfig::default().max_in_flight);
+    }
+}

@@ -1,0 +1,158 @@
+//! `POST /ingest` (and `/api/ingest`): the cloud's ingest envelope, one
+//! event or `{"batch": [...]}` of at most 1000, all or nothing, validated
+//! by the same rules as the cloud (`opgraph_proto::envelope`).
+//!
+//! Each event gets an `evt_` id and the gateway's receive time, is encoded
+//! as a protobuf `Event` and appended to the buffer in one append. The 202
+//! answer `{"accepted": n, "ids": [...]}` is sent only once that append is
+//! durable (per the buffer's fsync policy): a producer that got its 202 can
+//! forget the events.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use opgraph_proto::Event;
+use prost::Message;
+use serde_json::{Value, json};
+
+use super::{ApiError, HttpState};
+use crate::error::Error;
+
+/// Ids and buffer records for `events` received at `now_ms`.
+pub fn encode_events(events: &[Event], now_ms: i64) -> (Vec<String>, Vec<Bytes>) {
+    events
+        .iter()
+        .map(|event| {
+            let id = opgraph_proto::ids::new_id_at("evt", now_ms);
+            let mut message = event.to_pb(id.clone(), 0);
+            message.received_at_ms = Some(now_ms);
+            (id, Bytes::from(message.encode_to_vec()))
+        })
+        .unzip()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| {
+            let mime = mime.trim();
+            mime.eq_ignore_ascii_case("application/json")
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
+        })
+}
+
+pub async fn ingest(State(state): State<HttpState>, headers: HeaderMap, body: Body) -> Response {
+    match accept(&state, &headers, body).await {
+        Ok((accepted, ids)) => {
+            (StatusCode::ACCEPTED, axum::Json(json!({ "accepted": accepted, "ids": ids })))
+                .into_response()
+        }
+        Err(e) => {
+            state.metrics.ingest_rejected(e.code);
+            e.into_response()
+        }
+    }
+}
+
+async fn accept(
+    state: &HttpState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(usize, Vec<String>), ApiError> {
+    if !is_json(headers) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "Content-Type must be application/json",
+        ));
+    }
+    let limit = state.body_limit;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("request body is larger than {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("invalid JSON: {e}"))
+    })?;
+    let now = now_ms();
+    let events = opgraph_proto::envelope::parse_body(&value, now).map_err(|e| ApiError {
+        field: Some(e.field),
+        ..ApiError::new(StatusCode::BAD_REQUEST, "validation_failed", e.message)
+    })?;
+    let (ids, records) = encode_events(&events, now);
+    state.buffer.append(records).await.map_err(append_error)?;
+    state.metrics.events_accepted.inc_by(ids.len() as u64);
+    Ok((ids.len(), ids))
+}
+
+/// A failed append as an answer; internal details are logged, not sent.
+fn append_error(e: Error) -> ApiError {
+    match e {
+        Error::AppendTooLarge { .. } | Error::RecordTooLarge { .. } => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
+        }
+        Error::Closed => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the gateway is shutting down",
+        ),
+        e if e.retryable() => {
+            tracing::warn!(error = %e, "ingest append not durable");
+            ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the buffer cannot store events right now; retry later",
+                )
+            }
+        }
+        e => {
+            tracing::error!(error = %e, "ingest append failed");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opgraph_proto::pb;
+
+    use super::*;
+
+    #[test]
+    fn events_are_encoded_with_ids_and_receive_time() {
+        let events = vec![Event::named("a"), Event::named("b")];
+        let (ids, records) = encode_events(&events, 1_795_000_000_000);
+        assert_eq!(ids.len(), 2);
+        assert!(ids.iter().all(|id| id.starts_with("evt_") && id.len() == 30), "{ids:?}");
+        assert_ne!(ids[0], ids[1]);
+        let decoded = pb::Event::decode(records[1].clone()).unwrap();
+        assert_eq!(decoded.id, ids[1]);
+        assert_eq!(decoded.event, "b");
+        assert_eq!(decoded.received_at_ms, Some(1_795_000_000_000));
+        assert_eq!(decoded.sequence, 0, "the shipper sets the sequence");
+        assert_eq!(Event::from_pb(&decoded, 1_795_000_000_000).unwrap(), events[1]);
+    }
+}

@@ -1,0 +1,214 @@
+//! The shipper against the in-memory cloud, on paused tokio time: exactly
+//! once under lost acks, RETRY_LATER, refused connections, fencing, holes
+//! in the buffer and restarts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use opgraph_proto::Event;
+use prost::Message;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::buffer::{MemoryBuffer, OverflowPolicy, RECORD_HEADER_BYTES};
+use crate::uplink::memory::{MemoryCloud, MemoryUplink};
+
+fn config() -> ShipperConfig {
+    ShipperConfig {
+        gateway_id: "gw-test".into(),
+        batch_max_events: 50,
+        batch_max_bytes: 1 << 20,
+        batch_linger: Duration::from_millis(20),
+        max_in_flight: 4,
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(2),
+        backoff_initial: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+    }
+}
+
+fn payload(id: &str) -> Bytes {
+    let mut event = Event::named("tote.moved").to_pb(id.to_owned(), 0);
+    event.received_at_ms = Some(1_795_000_000_000);
+    Bytes::from(event.encode_to_vec())
+}
+
+/// Appends `n` events in appends of 7; returns their ids in order.
+async fn append(buffer: &dyn Buffer, from: usize, n: usize) -> Vec<String> {
+    let ids: Vec<String> = (from..from + n).map(|i| format!("evt_{i:06}")).collect();
+    for chunk in ids.chunks(7) {
+        buffer.append(chunk.iter().map(|id| payload(id)).collect()).await.unwrap();
+    }
+    ids
+}
+
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    status: watch::Receiver<UplinkStatus>,
+}
+
+fn start(buffer: Arc<dyn Buffer>, cloud: &Arc<MemoryCloud>, config: ShipperConfig) -> Running {
+    let metrics = Arc::new(Metrics::new(Arc::clone(&buffer)));
+    let uplink = Box::new(MemoryUplink::new(Arc::clone(cloud)));
+    let shipper = Shipper::new(buffer, uplink, config, metrics);
+    let status = shipper.status();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(shipper.run(cancel.clone()));
+    Running { cancel, task, status }
+}
+
+impl Running {
+    async fn wait_acked(&mut self, seq: u64) {
+        tokio::time::timeout(
+            Duration::from_secs(120),
+            self.status.wait_for(|s| s.last_acked_sequence >= seq),
+        )
+        .await
+        .expect("acknowledged in time")
+        .unwrap();
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+fn assert_exactly_once(cloud: &MemoryCloud, ids: &[String]) {
+    let mut commits = cloud.commits();
+    commits.sort();
+    let mut expected = ids.to_vec();
+    expected.sort();
+    assert_eq!(commits, expected, "every id committed exactly once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn delivers_everything_once_and_drains_the_buffer() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    let ids = append(buffer.as_ref(), 0, 500).await;
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    running.wait_acked(500).await;
+    // Events appended while connected go out too.
+    let more = append(buffer.as_ref(), 500, 33).await;
+    running.wait_acked(533).await;
+    assert_eq!(cloud.stored_ids(), [ids, more].concat());
+    assert_eq!(buffer.stats().pending_records, 0);
+    assert_eq!(cloud.sessions(), 1);
+    assert!(running.status.borrow().connected);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_acks_and_retry_later_still_deliver_exactly_once() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    cloud.lose_ack_every(3);
+    cloud.retry_later_every(5);
+    let ids = append(buffer.as_ref(), 0, 700).await;
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    running.wait_acked(700).await;
+    assert_exactly_once(&cloud, &ids);
+    assert!(cloud.sessions() > 1, "lost acks forced reconnects");
+    assert_eq!(buffer.stats().pending_records, 0);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_connections_and_credentials_are_retried_and_reported() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    cloud.set_unauthorized(true);
+    let ids = append(buffer.as_ref(), 0, 20).await;
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    let status = tokio::time::timeout(
+        Duration::from_secs(60),
+        running.status.wait_for(|s| s.consecutive_failures >= 3),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .clone();
+    assert!(!status.connected);
+    assert!(status.last_error.as_deref().is_some_and(|e| e.contains("unauthorized")), "{status:?}");
+    assert!(cloud.stored_ids().is_empty());
+    cloud.set_unauthorized(false);
+    cloud.refuse_connects(2);
+    running.wait_acked(20).await;
+    assert_exactly_once(&cloud, &ids);
+    let status = running.status.borrow().clone();
+    assert_eq!((status.last_error, status.consecutive_failures), (None, 0));
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_session_says_hello_again() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    let first = append(buffer.as_ref(), 0, 100).await;
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    running.wait_acked(100).await;
+    cloud.fence();
+    let second = append(buffer.as_ref(), 100, 100).await;
+    running.wait_acked(200).await;
+    assert_exactly_once(&cloud, &[first, second].concat());
+    assert_eq!(cloud.sessions(), 2);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn holes_from_dropped_records_are_covered_and_acknowledged() {
+    // Room for about 30 records: older ones are dropped while the cloud is
+    // unreachable.
+    let record = (RECORD_HEADER_BYTES + payload("evt_000000").len()) as u64;
+    let buffer: Arc<dyn Buffer> =
+        Arc::new(MemoryBuffer::with_limit(30 * record, OverflowPolicy::DropOldest));
+    let cloud = MemoryCloud::new();
+    cloud.refuse_connects(u32::MAX);
+    let ids = append(buffer.as_ref(), 0, 100).await;
+    let dropped = buffer.stats().dropped_total;
+    assert!(dropped >= 70, "{dropped}");
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    cloud.refuse_connects(0);
+    running.wait_acked(100).await;
+    let stored = cloud.stored_ids();
+    assert_eq!(stored.len() as u64, 100 - dropped);
+    assert_eq!(stored, ids[ids.len() - stored.len()..]);
+    assert_eq!(buffer.stats().pending_records, 0);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_shipper_resumes_where_the_cloud_stands() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    let mut ids = append(buffer.as_ref(), 0, 300).await;
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    running.wait_acked(100).await;
+    running.stop().await;
+    ids.extend(append(buffer.as_ref(), 300, 50).await);
+    // Acks of the old session may have been lost: the new one learns from
+    // Hello and sends only what the cloud lacks.
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    running.wait_acked(350).await;
+    assert_exactly_once(&cloud, &ids);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn batches_respect_the_limits_and_the_window() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    let ids = append(buffer.as_ref(), 0, 260).await;
+    let mut small = config();
+    small.batch_max_events = 25;
+    small.max_in_flight = 1;
+    let mut running = start(Arc::clone(&buffer), &cloud, small);
+    running.wait_acked(260).await;
+    assert_exactly_once(&cloud, &ids);
+    assert_eq!(cloud.max_batch_events(), 25);
+    running.stop().await;
+}

@@ -1,0 +1,473 @@
+//! Edge delivery end to end: real `opgraph-cloud` and `opgraph-gateway`
+//! processes on loopback (and `opgraph-sim proxy` where the link must be
+//! slow). Events go into the gateway's local ingest endpoint; the tests
+//! judge only what the cloud's API then holds and what the gateway's
+//! health says, over gRPC and over QUIC: every event exactly once, also
+//! when the cloud starts late, when the gateway is killed mid-delivery, and
+//! nothing at all with a wrong API key.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use opgraph_tests::{Process, TEST_BOOTSTRAP_KEY, binary};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// Bound on every wait for delivery.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Transport {
+    Grpc,
+    Quic,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::Quic => "quic",
+        }
+    }
+}
+
+struct CloudProc {
+    process: Process,
+    url: String,
+    dir: PathBuf,
+}
+
+impl CloudProc {
+    /// A cloud on `dir` with its receivers on `grpc` / `quic` (port 0: any).
+    async fn start(dir: &Path, grpc: &str, quic: &str) -> CloudProc {
+        let env = [
+            ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+            ("OPGRAPH_GRPC_ADDR", grpc.to_owned()),
+            ("OPGRAPH_QUIC_ADDR", quic.to_owned()),
+            ("OPGRAPH_DATA_DIR", dir.display().to_string()),
+            ("OPGRAPH_BOOTSTRAP_KEY", TEST_BOOTSTRAP_KEY.to_owned()),
+        ];
+        let mut expect = vec!["http"];
+        expect.extend(
+            [("grpc", grpc), ("quic", quic)].iter().filter(|(_, a)| *a != "off").map(|(n, _)| *n),
+        );
+        let process = Process::start("opgraph-cloud", &[], &env, &expect).await.unwrap();
+        let url = format!("http://{}", process.addrs["http"]);
+        CloudProc { process, url, dir: dir.to_path_buf() }
+    }
+
+    fn receiver(&self, transport: Transport) -> String {
+        self.process.addrs[transport.name()].clone()
+    }
+
+    fn cert(&self) -> PathBuf {
+        self.dir.join("receiver-cert.pem")
+    }
+
+    /// Ids of stored events named `event` (at most 1000), sorted.
+    async fn ids(&self, event: &str) -> Vec<String> {
+        let response = reqwest::Client::new()
+            .get(format!("{}/api/events?limit=1000&event={event}", self.url))
+            .bearer_auth(TEST_BOOTSTRAP_KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body: Value = response.json().await.unwrap();
+        let mut ids: Vec<String> = body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+/// Writes a gateway config into `dir` (buffer in `dir/buffer`, gateway id
+/// from the directory's name: one id per buffer).
+fn gateway_config(
+    dir: &Path,
+    transport: Transport,
+    endpoint: &str,
+    ca: &Path,
+    extra: &str,
+) -> PathBuf {
+    let text = format!(
+        r#"
+gateway_id = "gw-{name}"
+shutdown_flush = "5s"
+
+[http]
+addr = "127.0.0.1:0"
+
+[buffer]
+dir = {buffer:?}
+
+[uplink]
+transport = "{transport}"
+endpoint = "{endpoint}"
+server_name = "localhost"
+ca_file = {ca:?}
+connect_timeout = "5s"
+request_timeout = "10s"
+backoff_initial = "50ms"
+backoff_max = "500ms"
+{extra}
+"#,
+        name = dir.file_name().unwrap().to_string_lossy(),
+        buffer = dir.join("buffer").display().to_string(),
+        transport = transport.name(),
+        ca = ca.display().to_string(),
+    );
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+struct Gateway {
+    process: Process,
+    url: String,
+}
+
+impl Gateway {
+    async fn start(config: &Path, api_key: &str) -> Gateway {
+        let env = [("OPGRAPH_GATEWAY_API_KEY", api_key.to_owned())];
+        let config = config.display().to_string();
+        let process = Process::start("opgraph-gateway", &["--config", &config], &env, &["http"])
+            .await
+            .unwrap();
+        let url = format!("http://{}", process.addrs["http"]);
+        Gateway { process, url }
+    }
+
+    /// Posts `n` events named `event` in bodies of up to 100 (one single
+    /// envelope among them); returns the ids the gateway acknowledged.
+    async fn post(&self, event: &str, n: usize) -> Vec<String> {
+        let client = reqwest::Client::new();
+        let mut ids = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let body = if i == 0 {
+                json!({"event": event, "properties": {"i": i}})
+            } else {
+                let batch: Vec<Value> = (i..n.min(i + 100))
+                    .map(|i| json!({"event": event, "properties": {"i": i}, "actor": "e2e"}))
+                    .collect();
+                json!({ "batch": batch })
+            };
+            let response =
+                client.post(format!("{}/ingest", self.url)).json(&body).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::ACCEPTED);
+            let answer: Value = response.json().await.unwrap();
+            let got: Vec<String> = answer["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(answer["accepted"].as_u64(), Some(got.len() as u64));
+            i += got.len();
+            ids.extend(got);
+        }
+        ids.sort();
+        ids
+    }
+
+    async fn health(&self) -> Value {
+        reqwest::get(format!("{}/health", self.url)).await.unwrap().json().await.unwrap()
+    }
+
+    async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap()
+    }
+}
+
+/// Polls `check` every 50 ms until it yields a value, for at most `limit`.
+async fn eventually<T, F>(what: &str, limit: Duration, mut check: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the cloud holds exactly `expected` under `event`.
+async fn wait_delivered(cloud: &CloudProc, event: &str, expected: &[String]) {
+    let last = eventually("delivery", DELIVERY_TIMEOUT, || async {
+        let ids = cloud.ids(event).await;
+        assert!(ids.len() <= expected.len(), "more events stored than sent: {}", ids.len());
+        (ids.len() == expected.len()).then_some(ids)
+    })
+    .await;
+    assert_eq!(last, expected, "the cloud holds exactly the acknowledged ids");
+}
+
+/// Waits until the gateway's buffer holds nothing unacknowledged.
+async fn wait_drained(gateway: &Gateway) -> Value {
+    eventually("an empty buffer", DELIVERY_TIMEOUT, || async {
+        let health = gateway.health().await;
+        (health["buffer"]["pending_records"] == 0).then_some(health)
+    })
+    .await
+}
+
+async fn delivers_exactly_once(transport: Transport) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "127.0.0.1:0").await;
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let config = gateway_config(&gw_dir, transport, &cloud.receiver(transport), &cloud.cert(), "");
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+
+    let ids = gateway.post("pallet.scanned", 750).await;
+    assert_eq!(ids.len(), 750);
+    wait_delivered(&cloud, "pallet.scanned", &ids).await;
+    let health = wait_drained(&gateway).await;
+    assert_eq!(health["status"], "ok", "{health}");
+    assert_eq!(health["uplink"]["connected"], true, "{health}");
+    assert_eq!(health["uplink"]["last_acked_sequence"], 750, "{health}");
+    assert_eq!(health["buffer"]["appended_total"], 750, "{health}");
+    let metrics = gateway.metrics().await;
+    assert!(metrics.contains("opgraph_gateway_events_accepted_total 750"), "{metrics}");
+    assert!(metrics.contains("opgraph_gateway_last_acked_sequence 750"), "{metrics}");
+    assert!(metrics.contains("opgraph_gateway_uplink_connected 1"), "{metrics}");
+
+    // Invalid input is refused like the cloud refuses it, nothing appended.
+    let response = reqwest::Client::new()
+        .post(format!("{}/api/ingest", gateway.url))
+        .json(&json!({"batch": [{"event": "ok"}, {"event": ""}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["field"], "batch[1].event", "{body}");
+    assert_eq!(gateway.health().await["buffer"]["appended_total"], 750);
+
+    let status = gateway.process.terminate().await.unwrap();
+    assert!(status.success(), "gateway exit status {status}");
+}
+
+#[tokio::test]
+async fn grpc_delivers_every_event_exactly_once() {
+    delivers_exactly_once(Transport::Grpc).await;
+}
+
+#[tokio::test]
+async fn quic_delivers_every_event_exactly_once() {
+    delivers_exactly_once(Transport::Quic).await;
+}
+
+#[tokio::test]
+async fn a_wrong_api_key_stores_nothing_and_health_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "127.0.0.1:0").await;
+    for transport in [Transport::Grpc, Transport::Quic] {
+        let gw_dir = tmp.path().join(transport.name());
+        std::fs::create_dir_all(&gw_dir).unwrap();
+        let config =
+            gateway_config(&gw_dir, transport, &cloud.receiver(transport), &cloud.cert(), "");
+        let gateway = Gateway::start(&config, "og_wrongwrongwrong0123456789abcdef").await;
+        let ids = gateway.post("door.opened", 5).await;
+        assert_eq!(ids.len(), 5);
+        let health = eventually("the uplink error in health", DELIVERY_TIMEOUT, || async {
+            let health = gateway.health().await;
+            let error = health["uplink"]["last_error"].as_str().unwrap_or_default().to_owned();
+            error.contains("unauthorized").then_some(health)
+        })
+        .await;
+        assert_eq!(health["degraded"], true, "{health}");
+        assert_eq!(health["status"], "degraded", "{health}");
+        assert_eq!(health["uplink"]["connected"], false, "{health}");
+        assert_eq!(health["buffer"]["pending_records"], 5, "{health}");
+        assert!(cloud.ids("door.opened").await.is_empty(), "{transport:?}: nothing stored");
+        let status = gateway.process.terminate().await.unwrap();
+        assert!(status.success(), "gateway exit status {status}");
+    }
+}
+
+#[tokio::test]
+async fn events_buffered_while_the_cloud_is_down_are_delivered_once_it_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud_dir = tmp.path().join("cloud");
+    // A first start makes the receiver certificate and picks the port.
+    let cloud = CloudProc::start(&cloud_dir, "127.0.0.1:0", "off").await;
+    let grpc = cloud.receiver(Transport::Grpc);
+    let cert = cloud.cert();
+    assert!(cloud.process.terminate().await.unwrap().success());
+
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cert, "");
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let ids = gateway.post("truck.arrived", 300).await;
+    let health = eventually("the cloud to be reported unreachable", DELIVERY_TIMEOUT, || async {
+        let health = gateway.health().await;
+        (health["degraded"] == true).then_some(health)
+    })
+    .await;
+    assert_eq!(health["buffer"]["pending_records"], 300, "{health}");
+
+    let cloud = CloudProc::start(&cloud_dir, &grpc, "off").await;
+    wait_delivered(&cloud, "truck.arrived", &ids).await;
+    let health = wait_drained(&gateway).await;
+    assert_eq!(health["status"], "ok", "{health}");
+    let metrics = gateway.metrics().await;
+    assert!(
+        metrics.contains("opgraph_gateway_uplink_errors_total{reason=\"connect\"}"),
+        "{metrics}"
+    );
+}
+
+/// Kills the gateway with SIGKILL while a slow link (the flaky-link proxy
+/// adds latency) is half way through the backlog, restarts it on the same
+/// buffer, and checks the cloud ends up with every event exactly once.
+async fn killed_mid_delivery_resumes(transport: Transport) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "127.0.0.1:0").await;
+    let protocol = match transport {
+        Transport::Grpc => "tcp",
+        Transport::Quic => "udp",
+    };
+    let upstream = cloud.receiver(transport);
+    let proxy = Process::start(
+        "opgraph-sim",
+        &["proxy", "--protocol", protocol, "--upstream", &upstream, "--latency", "15ms"],
+        &[],
+        &["proxy"],
+    )
+    .await
+    .unwrap();
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let slow = "batch_max_events = 10\nbatch_linger = \"1ms\"\nmax_in_flight = 1\n";
+    let config = gateway_config(&gw_dir, transport, &proxy.addrs["proxy"], &cloud.cert(), slow);
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let ids = gateway.post("bin.emptied", 900).await;
+
+    eventually("a first part to be delivered", DELIVERY_TIMEOUT, || async {
+        (cloud.ids("bin.emptied").await.len() >= 100).then_some(())
+    })
+    .await;
+    gateway.process.kill9().await.unwrap();
+    let at_kill = cloud.ids("bin.emptied").await.len();
+    assert!(at_kill < ids.len(), "{transport:?}: killed mid-delivery ({at_kill} delivered)");
+
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    wait_delivered(&cloud, "bin.emptied", &ids).await;
+    let health = wait_drained(&gateway).await;
+    assert_eq!(health["uplink"]["last_acked_sequence"], 900, "{health}");
+    assert!(gateway.process.terminate().await.unwrap().success());
+}
+
+#[tokio::test]
+async fn grpc_gateway_killed_mid_delivery_resumes_without_loss_or_duplicates() {
+    killed_mid_delivery_resumes(Transport::Grpc).await;
+}
+
+#[tokio::test]
+async fn quic_gateway_killed_mid_delivery_resumes_without_loss_or_duplicates() {
+    killed_mid_delivery_resumes(Transport::Quic).await;
+}
+
+#[tokio::test]
+async fn bad_config_exits_2_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("gateway.toml");
+    std::fs::write(&path, "gateway_id = \"x\"\n[uplink]\nbatch_max_event = 5\n").unwrap();
+    let output = tokio::process::Command::new(binary("opgraph-gateway").unwrap())
+        .args(["--config", &path.display().to_string()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("uplink.batch_max_event"), "{stderr}");
+}
+
+/// A test CA and a gateway client certificate it signed, as PEM files in
+/// `dir`: (ca, cert, key).
+fn client_pki(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "opgraph test gateway CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let mut params = CertificateParams::new(vec!["gw-e2e".to_owned()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, "gw-e2e");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca).unwrap();
+    let paths = (dir.join("client-ca.pem"), dir.join("client.pem"), dir.join("client-key.pem"));
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+#[tokio::test]
+async fn mutual_tls_needs_the_client_certificate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = client_pki(tmp.path());
+    let cloud_dir = tmp.path().join("cloud");
+    let env = [
+        ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+        ("OPGRAPH_GRPC_ADDR", "127.0.0.1:0".to_owned()),
+        ("OPGRAPH_QUIC_ADDR", "127.0.0.1:0".to_owned()),
+        ("OPGRAPH_DATA_DIR", cloud_dir.display().to_string()),
+        ("OPGRAPH_BOOTSTRAP_KEY", TEST_BOOTSTRAP_KEY.to_owned()),
+        ("OPGRAPH_TLS_CLIENT_CA_FILE", ca.display().to_string()),
+    ];
+    let process =
+        Process::start("opgraph-cloud", &[], &env, &["http", "grpc", "quic"]).await.unwrap();
+    let url = format!("http://{}", process.addrs["http"]);
+    let cloud = CloudProc { process, url, dir: cloud_dir };
+    let with_cert = format!(
+        "client_cert_file = {:?}\nclient_key_file = {:?}\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    for transport in [Transport::Grpc, Transport::Quic] {
+        // Without the client certificate: refused at the TLS handshake.
+        let dir = tmp.path().join(format!("{}-nocert", transport.name()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let event = format!("mtls.{}", transport.name());
+        let config = gateway_config(&dir, transport, &cloud.receiver(transport), &cloud.cert(), "");
+        let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+        gateway.post(&event, 3).await;
+        eventually("the handshake failure in health", DELIVERY_TIMEOUT, || async {
+            let health = gateway.health().await;
+            (health["degraded"] == true).then_some(())
+        })
+        .await;
+        assert!(cloud.ids(&event).await.is_empty());
+        gateway.process.kill9().await.unwrap();
+
+        // With it: delivered.
+        let dir = tmp.path().join(format!("{}-cert", transport.name()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config =
+            gateway_config(&dir, transport, &cloud.receiver(transport), &cloud.cert(), &with_cert);
+        let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+        let ids = gateway.post(&event, 40).await;
+        wait_delivered(&cloud, &event, &ids).await;
+        assert!(gateway.process.terminate().await.unwrap().success());
+    }
+}
