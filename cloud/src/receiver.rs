@@ -118,8 +118,13 @@ impl Receiver {
         hello: &pb::HelloRequest,
     ) -> Result<pb::HelloResponse> {
         check_gateway_id(&hello.gateway_id)?;
-        let session =
-            self.store.open_gateway_session(&principal.workspace_id, &hello.gateway_id).await?;
+        if hello.buffer_id.len() > MAX_GATEWAY_ID_LEN {
+            return Err(Error::validation("bufferId", "buffer id too long"));
+        }
+        let session = self
+            .store
+            .open_gateway_session(&principal.workspace_id, &hello.gateway_id, &hello.buffer_id)
+            .await?;
         self.publish(principal, &hello.gateway_id, session.acked_sequence);
         tracing::info!(
             workspace = %principal.workspace_id,

@@ -41,6 +41,8 @@ const MAX_READS_PER_PASS: usize = 16;
 #[derive(Debug, Clone)]
 pub struct ShipperConfig {
     pub gateway_id: String,
+    /// The buffer directory's instance id, sent with Hello.
+    pub buffer_id: String,
     pub batch_max_events: usize,
     pub batch_max_bytes: usize,
     pub batch_linger: Duration,
@@ -52,9 +54,10 @@ pub struct ShipperConfig {
 }
 
 impl ShipperConfig {
-    pub fn new(gateway_id: &str, uplink: &UplinkConfig) -> Self {
+    pub fn new(gateway_id: &str, buffer_id: &str, uplink: &UplinkConfig) -> Self {
         ShipperConfig {
             gateway_id: gateway_id.to_owned(),
+            buffer_id: buffer_id.to_owned(),
             batch_max_events: uplink.batch_max_events.max(1),
             batch_max_bytes: usize::try_from(uplink.batch_max_bytes.as_u64())
                 .unwrap_or(usize::MAX)
@@ -170,6 +173,7 @@ impl Shipper {
         let hello = pb::HelloRequest {
             gateway_id: self.config.gateway_id.clone(),
             software_version: env!("CARGO_PKG_VERSION").to_owned(),
+            buffer_id: self.config.buffer_id.clone(),
         };
         let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
         let mut delay = None;

@@ -61,7 +61,20 @@ async fn hello(
     key: &str,
     gateway: &str,
 ) -> pb::HelloResponse {
-    let request = pb::HelloRequest { gateway_id: gateway.into(), software_version: "test".into() };
+    hello_with_buffer(client, key, gateway, "buf_one").await
+}
+
+async fn hello_with_buffer(
+    client: &mut pb::ingest_client::IngestClient<Channel>,
+    key: &str,
+    gateway: &str,
+    buffer: &str,
+) -> pb::HelloResponse {
+    let request = pb::HelloRequest {
+        gateway_id: gateway.into(),
+        software_version: "test".into(),
+        buffer_id: buffer.into(),
+    };
     client.hello(authed(request, key)).await.unwrap().into_inner()
 }
 
@@ -148,13 +161,30 @@ async fn grpc_commits_exactly_once_under_redelivery_overlap_and_gaps() {
     assert_eq!(early[0].status, pb::AckStatus::RetryLater as i32);
     assert_eq!(early[0].acked_sequence, 9);
     assert_eq!(stored_ids(&cloud).await.len(), 7);
+
+    // The gateway's buffer was recreated: sequences start over at 1. The
+    // ack restarts instead of swallowing the new events; the old ones, if
+    // sent again, are still stored once.
+    let fresh = hello_with_buffer(&mut client, &cloud.key, "gw-a", "buf_two").await;
+    assert_eq!(fresh.acked_sequence, 0);
+    let mut renewed = batch("gw-a", fresh.epoch, (1, 2), &[1, 2]);
+    renewed.events[0].id = "evt_test00000000000000000501".into();
+    let acks = send_all(&mut client, &cloud.key, vec![renewed]).await;
+    assert_eq!((acks[0].status, acks[0].acked_sequence), (OK, 2));
+    let mut expected = ids([1, 2, 3, 4, 5, 6, 8]);
+    expected.push("evt_test00000000000000000501".into());
+    expected.sort();
+    assert_eq!(stored_ids(&cloud).await, expected);
+    // The same buffer reconnecting keeps its ack.
+    let resumed = hello_with_buffer(&mut client, &cloud.key, "gw-a", "buf_two").await;
+    assert_eq!(resumed.acked_sequence, 2);
 }
 
 #[tokio::test]
 async fn grpc_refuses_bad_credentials_and_bad_batches() {
     let cloud = Cloud::start(&[]).await.unwrap();
     let mut client = grpc(&cloud).await;
-    let request = pb::HelloRequest { gateway_id: "gw-x".into(), software_version: String::new() };
+    let request = pb::HelloRequest { gateway_id: "gw-x".into(), ..Default::default() };
     let status =
         client.hello(authed(request.clone(), "og_wrongwrongwrongwrongwrong")).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
@@ -266,10 +296,7 @@ async fn quic_session(
 ) -> anyhow::Result<pb::HelloResponse> {
     let open = pb::SessionOpen {
         authorization: format!("Bearer {key}"),
-        hello: Some(pb::HelloRequest {
-            gateway_id: gateway.into(),
-            software_version: "test".into(),
-        }),
+        hello: Some(pb::HelloRequest { gateway_id: gateway.into(), ..Default::default() }),
     };
     let (kind, body) =
         exchange(connection, &frame::encode_message(FrameKind::SessionOpen, &open)).await?;

@@ -35,10 +35,15 @@ pub enum BatchCommit {
 #[async_trait]
 pub trait GatewayStore: Send + Sync {
     /// Opens a session: bumps and returns the epoch with the current ack.
+    /// A `buffer_id` other than the stored one means the gateway's buffer
+    /// was recreated and its sequences start over: the ack restarts at 0
+    /// (event ids keep what was stored from being stored again). An empty
+    /// `buffer_id` (an older gateway) changes nothing.
     async fn open_gateway_session(
         &self,
         workspace_id: &str,
         gateway_id: &str,
+        buffer_id: &str,
     ) -> Result<GatewaySession>;
 
     /// Stores the events of a batch covering `first..=last` whose sequences

@@ -18,6 +18,7 @@ use crate::uplink::memory::{MemoryCloud, MemoryUplink};
 fn config() -> ShipperConfig {
     ShipperConfig {
         gateway_id: "gw-test".into(),
+        buffer_id: "buf_test".into(),
         batch_max_events: 50,
         batch_max_bytes: 1 << 20,
         batch_linger: Duration::from_millis(20),

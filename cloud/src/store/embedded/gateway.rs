@@ -35,22 +35,49 @@ impl GatewayStore for EmbeddedStore {
         &self,
         workspace_id: &str,
         gateway_id: &str,
+        buffer_id: &str,
     ) -> Result<GatewaySession> {
-        let (ws, gateway) = (workspace_id.to_owned(), gateway_id.to_owned());
+        let (ws, gateway, buffer) =
+            (workspace_id.to_owned(), gateway_id.to_owned(), buffer_id.to_owned());
         self.write(move |conn| {
+            let stored: Option<String> = conn
+                .query_row(
+                    "SELECT buffer_id FROM gateway_sessions
+                     WHERE workspace_id = ?1 AND gateway_id = ?2",
+                    params![ws, gateway],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(sql)?;
             let current = load(conn, &ws, &gateway)?.unwrap_or_default();
-            let next = GatewaySession { epoch: current.epoch + 1, ..current };
+            let recreated = matches!(
+                &stored,
+                Some(old) if !old.is_empty() && !buffer.is_empty() && *old != buffer
+            );
+            if recreated {
+                tracing::warn!(
+                    workspace = %ws, gateway = %gateway, previous_ack = current.acked_sequence,
+                    "gateway presents a new buffer: its sequences restart at 1"
+                );
+            }
+            let next = GatewaySession {
+                epoch: current.epoch + 1,
+                acked_sequence: if recreated { 0 } else { current.acked_sequence },
+            };
+            let keep_buffer = if buffer.is_empty() { stored.unwrap_or_default() } else { buffer };
             conn.execute(
                 "INSERT INTO gateway_sessions
-                    (workspace_id, gateway_id, epoch, acked_sequence, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
+                    (workspace_id, gateway_id, epoch, acked_sequence, buffer_id, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT DO UPDATE SET epoch = excluded.epoch,
+                    acked_sequence = excluded.acked_sequence, buffer_id = excluded.buffer_id,
                     updated_at = excluded.updated_at",
                 params![
                     ws,
                     gateway,
                     to_sql(next.epoch)?,
                     to_sql(next.acked_sequence)?,
+                    keep_buffer,
                     crate::now_ms()
                 ],
             )

@@ -138,6 +138,7 @@ CREATE TABLE IF NOT EXISTS gateway_sessions (
     gateway_id     TEXT NOT NULL,
     epoch          INTEGER NOT NULL,
     acked_sequence INTEGER NOT NULL,
+    buffer_id      TEXT NOT NULL DEFAULT '',
     updated_at     INTEGER NOT NULL,
     PRIMARY KEY (workspace_id, gateway_id)
 ) WITHOUT ROWID;
