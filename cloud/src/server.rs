@@ -20,6 +20,8 @@ use crate::usage::Usage;
 
 pub const DEFAULT_WORKSPACE: &str = "ws_default";
 const BOOTSTRAP_KEY_FILE: &str = "bootstrap-key";
+/// How long receivers may take to finish in-flight batches on shutdown.
+const RECEIVER_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs the cloud until `shutdown` is cancelled; prints one
 /// `listening http=ADDR` line on stdout once it accepts connections.
@@ -56,8 +58,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await?;
 
     shutdown.cancel();
-    for task in receivers {
-        let _ = task.await;
+    for mut task in receivers {
+        // Receivers finish their current batch; a peer that keeps a
+        // connection open past this does not hold the shutdown up.
+        if tokio::time::timeout(RECEIVER_DRAIN, &mut task).await.is_err() {
+            tracing::warn!("a receiver did not stop in time; closing it");
+            task.abort();
+        }
     }
     let _ = flusher.await;
     state.usage.flush(state.store.as_ref()).await;

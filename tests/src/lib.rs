@@ -7,6 +7,8 @@
 //! points elsewhere.
 #![allow(clippy::expect_used)]
 
+pub mod edge;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -94,6 +96,17 @@ impl Process {
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(Process { child, addrs, banner })
+    }
+
+    /// Sends a signal by name (`USR1`, `HUP`, ...) without waiting.
+    pub async fn signal(&self, name: &str) -> Result<()> {
+        let pid = self.child.id().context("already exited")?;
+        let status =
+            Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status().await?;
+        if !status.success() {
+            bail!("kill -{name} {pid} failed");
+        }
+        Ok(())
     }
 
     /// Sends SIGTERM and waits for the exit status.

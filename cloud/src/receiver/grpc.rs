@@ -25,6 +25,9 @@ use crate::error::Error;
 
 pub struct GrpcReceiver {
     receiver: Arc<Receiver>,
+    /// Ends open Send streams on shutdown: HTTP/2 graceful shutdown waits
+    /// for streams, and a gateway's stream never ends by itself.
+    shutdown: CancellationToken,
 }
 
 fn status(e: Error) -> Status {
@@ -68,9 +71,17 @@ impl Ingest for GrpcReceiver {
         let mut batches = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let receiver = Arc::clone(&self.receiver);
+        let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             loop {
-                let batch = match batches.message().await {
+                let next = tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        let _ = tx.send(Err(Status::unavailable("the cloud is shutting down"))).await;
+                        return;
+                    }
+                    next = batches.message() => next,
+                };
+                let batch = match next {
                     Ok(Some(batch)) => batch,
                     Ok(None) => return,
                     Err(e) => {
@@ -106,7 +117,7 @@ pub async fn start(
     if let Some(ca) = &tls.client_ca_pem {
         tls_config = tls_config.client_ca_root(Certificate::from_pem(ca));
     }
-    let service = IngestServer::new(GrpcReceiver { receiver })
+    let service = IngestServer::new(GrpcReceiver { receiver, shutdown: shutdown.clone() })
         .accept_compressed(CompressionEncoding::Zstd)
         .max_decoding_message_size(MAX_BATCH_BYTES);
     let listener = tokio::net::TcpListener::bind(addr)

@@ -1,0 +1,222 @@
+//! Building blocks of the edge scenarios: a cloud with its receivers, a
+//! gateway pointed at it (directly or through the flaky-link proxy), and
+//! bounded waiting for what they eventually do.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a broken harness should fail loudly
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::{Process, TEST_BOOTSTRAP_KEY};
+
+/// Bound on every wait for delivery.
+pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Transport {
+    Grpc,
+    Quic,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Grpc => "grpc",
+            Transport::Quic => "quic",
+        }
+    }
+}
+
+pub struct CloudProc {
+    pub process: Process,
+    pub url: String,
+    pub dir: PathBuf,
+}
+
+impl CloudProc {
+    /// A cloud on `dir` with its receivers on `grpc` / `quic` (port 0: any).
+    pub async fn start(dir: &Path, grpc: &str, quic: &str) -> CloudProc {
+        let env = [
+            ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+            ("OPGRAPH_GRPC_ADDR", grpc.to_owned()),
+            ("OPGRAPH_QUIC_ADDR", quic.to_owned()),
+            ("OPGRAPH_DATA_DIR", dir.display().to_string()),
+            ("OPGRAPH_BOOTSTRAP_KEY", TEST_BOOTSTRAP_KEY.to_owned()),
+        ];
+        let mut expect = vec!["http"];
+        expect.extend(
+            [("grpc", grpc), ("quic", quic)].iter().filter(|(_, a)| *a != "off").map(|(n, _)| *n),
+        );
+        let process = Process::start("opgraph-cloud", &[], &env, &expect).await.unwrap();
+        let url = format!("http://{}", process.addrs["http"]);
+        CloudProc { process, url, dir: dir.to_path_buf() }
+    }
+
+    pub fn receiver(&self, transport: Transport) -> String {
+        self.process.addrs[transport.name()].clone()
+    }
+
+    pub fn cert(&self) -> PathBuf {
+        self.dir.join("receiver-cert.pem")
+    }
+
+    /// Ids of stored events named `event` (at most 1000), sorted.
+    pub async fn ids(&self, event: &str) -> Vec<String> {
+        let response = reqwest::Client::new()
+            .get(format!("{}/api/events?limit=1000&event={event}", self.url))
+            .bearer_auth(TEST_BOOTSTRAP_KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body: Value = response.json().await.unwrap();
+        let mut ids: Vec<String> = body["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    }
+}
+
+/// Writes a gateway config into `dir` (buffer in `dir/buffer`, gateway id
+/// from the directory's name: one id per buffer).
+pub fn gateway_config(
+    dir: &Path,
+    transport: Transport,
+    endpoint: &str,
+    ca: &Path,
+    extra: &str,
+) -> PathBuf {
+    let text = format!(
+        r#"
+gateway_id = "gw-{name}"
+shutdown_flush = "5s"
+
+[http]
+addr = "127.0.0.1:0"
+
+[buffer]
+dir = {buffer:?}
+
+[uplink]
+transport = "{transport}"
+endpoint = "{endpoint}"
+server_name = "localhost"
+ca_file = {ca:?}
+connect_timeout = "5s"
+request_timeout = "10s"
+backoff_initial = "50ms"
+backoff_max = "500ms"
+{extra}
+"#,
+        name = dir.file_name().unwrap().to_string_lossy(),
+        buffer = dir.join("buffer").display().to_string(),
+        transport = transport.name(),
+        ca = ca.display().to_string(),
+    );
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+pub struct Gateway {
+    pub process: Process,
+    pub url: String,
+}
+
+impl Gateway {
+    pub async fn start(config: &Path, api_key: &str) -> Gateway {
+        let env = [("OPGRAPH_GATEWAY_API_KEY", api_key.to_owned())];
+        let config = config.display().to_string();
+        let process = Process::start("opgraph-gateway", &["--config", &config], &env, &["http"])
+            .await
+            .unwrap();
+        let url = format!("http://{}", process.addrs["http"]);
+        Gateway { process, url }
+    }
+
+    /// Posts `n` events named `event` in bodies of up to 100 (one single
+    /// envelope among them); returns the ids the gateway acknowledged.
+    pub async fn post(&self, event: &str, n: usize) -> Vec<String> {
+        let client = reqwest::Client::new();
+        let mut ids = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let body = if i == 0 {
+                json!({"event": event, "properties": {"i": i}})
+            } else {
+                let batch: Vec<Value> = (i..n.min(i + 100))
+                    .map(|i| json!({"event": event, "properties": {"i": i}, "actor": "e2e"}))
+                    .collect();
+                json!({ "batch": batch })
+            };
+            let response =
+                client.post(format!("{}/ingest", self.url)).json(&body).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::ACCEPTED);
+            let answer: Value = response.json().await.unwrap();
+            let got: Vec<String> = answer["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(answer["accepted"].as_u64(), Some(got.len() as u64));
+            i += got.len();
+            ids.extend(got);
+        }
+        ids.sort();
+        ids
+    }
+
+    pub async fn health(&self) -> Value {
+        reqwest::get(format!("{}/health", self.url)).await.unwrap().json().await.unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap()
+    }
+}
+
+/// Polls `check` every 50 ms until it yields a value, for at most `limit`.
+pub async fn eventually<T, F>(what: &str, limit: Duration, mut check: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the cloud holds exactly `expected` under `event`.
+pub async fn wait_delivered(cloud: &CloudProc, event: &str, expected: &[String]) {
+    let last = eventually("delivery", DELIVERY_TIMEOUT, || async {
+        let ids = cloud.ids(event).await;
+        assert!(ids.len() <= expected.len(), "more events stored than sent: {}", ids.len());
+        (ids.len() == expected.len()).then_some(ids)
+    })
+    .await;
+    assert_eq!(last, expected, "the cloud holds exactly the acknowledged ids");
+}
+
+/// Waits until the gateway's buffer holds nothing unacknowledged.
+pub async fn wait_drained(gateway: &Gateway) -> Value {
+    eventually("an empty buffer", DELIVERY_TIMEOUT, || async {
+        let health = gateway.health().await;
+        (health["buffer"]["pending_records"] == 0).then_some(health)
+    })
+    .await
+}
