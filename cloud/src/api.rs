@@ -9,11 +9,15 @@ pub mod connectors;
 pub mod enforce;
 pub mod events;
 pub mod governance;
+pub mod graphql;
 pub mod health;
 pub mod ingest;
+pub mod intelligence;
 pub mod keys;
+pub mod metrics;
 pub mod openapi;
 pub mod proofs;
+pub mod queries;
 pub mod scan;
 pub mod trackables;
 pub mod tracking_plans;
@@ -217,6 +221,7 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/r/{code}", scan::scan)
         .add(Method::POST, "/api/connectors/ingest", connectors::ingest)
         .governance()
+        .queries()
 }
 
 impl Routes {
@@ -249,6 +254,28 @@ impl Routes {
             .add(Method::GET, "/api/proof-event-trails", proofs::list)
             .add(Method::GET, "/api/proof-event-trails/{id}", proofs::get)
             .add(Method::GET, "/api/proof-event-trails/{id}/verify", proofs::verify)
+    }
+}
+
+impl Routes {
+    /// Queries and intelligence (docs/queries.md).
+    fn queries(self) -> Self {
+        use {intelligence as i, metrics as m, queries as q};
+        const DEFINITIONS: &str = "/api/metric-definitions";
+        self.add(Method::POST, "/api/metrics/query", m::metrics)
+            .add(Method::POST, DEFINITIONS, m::create_definition)
+            .add(Method::GET, DEFINITIONS, m::list_definitions)
+            .add(Method::GET, "/api/metric-snapshots", m::list_snapshots)
+            .add(Method::POST, "/api/funnels/query", q::funnel)
+            .add(Method::POST, "/api/attribution/query", q::attribution)
+            .add(Method::POST, "/api/analytics/whats-changed", q::whats_changed)
+            .add(Method::POST, "/api/analytics/event-search", q::event_search)
+            .add(Method::GET, "/api/entities", q::list_entities)
+            .add(Method::GET, "/api/relationships", q::list_relationships)
+            .add(Method::GET, "/api/businesses/{id}/health", i::business_health)
+            .add(Method::GET, "/api/usage", i::usage)
+            .add(Method::POST, "/api/intelligence/agent-context", i::agent_context)
+            .add(Method::POST, "/api/graphql", graphql::graphql)
     }
 }
 

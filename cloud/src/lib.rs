@@ -22,6 +22,10 @@
 //!   [`connectors`] (provider records to events) are I/O-free cores that
 //!   `api::trackables`, `api::scan` and `api::connectors` drive through
 //!   the store's `TrackableStore` and `ConnectorStore` parts.
+//! - [`intelligence`] is the I/O-free core of the query API's judgements
+//!   (period diff, anomalies, health score, next actions) over the
+//!   aggregates of the store's `QueryStore` part, which
+//!   `api::{metrics, queries, intelligence, graphql}` drive.
 //! - [`proof_push`] sends proof trails to the external proof service.
 //! - [`telemetry`] holds the Prometheus metrics; [`ids`] makes identifiers.
 
@@ -32,6 +36,7 @@ pub mod connectors;
 pub mod error;
 pub mod governance;
 pub mod ids;
+pub mod intelligence;
 pub mod proof_push;
 pub mod receiver;
 pub mod server;

@@ -4,10 +4,13 @@
 //! Every call that touches tenant data takes the workspace id first; there is
 //! no way to ask the store for "all events" across workspaces.
 
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod connectors;
 pub mod embedded;
 pub mod gateway;
 pub mod governance;
+pub mod queries;
 pub mod trackables;
 
 use async_trait::async_trait;
@@ -18,6 +21,7 @@ use crate::error::Result;
 use connectors::ConnectorStore;
 use gateway::GatewayStore;
 use governance::GovernanceStore;
+use queries::QueryStore;
 use trackables::TrackableStore;
 
 /// An event accepted by an ingest path, ready to be stored.
@@ -118,7 +122,14 @@ pub struct UsageTotals {
 
 #[async_trait]
 pub trait Store:
-    GovernanceStore + GatewayStore + TrackableStore + ConnectorStore + Send + Sync + 'static
+    GovernanceStore
+    + GatewayStore
+    + TrackableStore
+    + ConnectorStore
+    + QueryStore
+    + Send
+    + Sync
+    + 'static
 {
     /// Cheap liveness check for health; an error means the store is down.
     async fn ping(&self) -> Result<()>;

@@ -49,6 +49,22 @@ impl Usage {
         &self.rate
     }
 
+    /// Whole requests the workspace may make right now before being
+    /// limited (its bucket refilled to this instant, nothing taken); `None`
+    /// when rate limiting is off.
+    pub fn requests_left(&self, workspace_id: &str) -> Option<u32> {
+        let rps = f64::from(self.rate.requests_per_second);
+        if rps == 0.0 {
+            return None;
+        }
+        let burst = f64::from(self.rate.burst);
+        let tokens = match self.buckets.lock().ok()?.get(workspace_id) {
+            Some(b) => (b.tokens + b.refilled.elapsed().as_secs_f64() * rps).min(burst),
+            None => burst,
+        };
+        Some(tokens.max(0.0).floor() as u32)
+    }
+
     pub fn quota_config(&self) -> &UsageConfig {
         &self.quota
     }
@@ -191,7 +207,9 @@ mod tests {
             Err(Error::RateLimited { retry_after_secs }) => assert!(retry_after_secs >= 1),
             other => panic!("expected rate limit, got {other:?}"),
         }
+        assert_eq!(usage.requests_left("ws"), Some(0));
         // Other workspaces have their own bucket.
+        assert_eq!(usage.requests_left("other"), Some(2));
         usage.admit("other").unwrap();
     }
 }

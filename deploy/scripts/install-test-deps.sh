@@ -7,18 +7,37 @@ set -euo pipefail
 needs=(
   "openssl openssl"        # generates JWT and TLS keys for the tests
   "sqlite3 sqlite3"        # tamper tests edit the embedded store directly
+  "mosquitto mosquitto"    # external MQTT broker; tests start their own on loopback
+  "mount mount"            # edge_faults mounts a small tmpfs as a full disk
+  "pkill procps"           # procps brings /bin/kill, which the harness runs (`kill` alone is a shell builtin)
 )
 
 missing=()
 for pair in "${needs[@]}"; do
   read -r cmd pkg <<<"$pair"
-  command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("$pkg")
 done
 
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing test dependencies: ${missing[*]}"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  # Packages must not start system services (mosquitto would take port
+  # 1883): policy-rc.d answering 101 forbids it for the install.
+  policy=/usr/sbin/policy-rc.d
+  placed_policy=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod 755 "$policy"
+    placed_policy=1
+  fi
+  cleanup() { [ -z "$placed_policy" ] || $sudo rm -f "$policy"; }
+  trap cleanup EXIT
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Where systemd runs anyway, keep the packaged broker off.
+  if printf '%s\n' "${missing[@]}" | grep -qx mosquitto && command -v systemctl >/dev/null 2>&1 \
+    && [ -d /run/systemd/system ]; then
+    $sudo systemctl disable --now mosquitto >/dev/null 2>&1 || true
+  fi
 fi

@@ -3,7 +3,8 @@
 //!
 //! Tasks run under one [`TaskTracker`]; shutdown goes in steps, each with
 //! its own [`CancellationToken`]: stop intake (the HTTP server finishes the
-//! requests it has), keep delivering for up to `shutdown_flush` until the
+//! requests it has; device sources finish the append in progress and
+//! acknowledge it), keep delivering for up to `shutdown_flush` until the
 //! buffer is empty, stop the shipper, close the buffer (a final fsync).
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::http::{self, HttpState};
 use crate::shipper::{Shipper, ShipperConfig, UplinkStatus};
+use crate::source::Sources;
 use crate::telemetry::Metrics;
 use crate::uplink;
 
@@ -32,7 +34,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let uplink = uplink::build(&config.uplink)?;
     let buffer: Arc<dyn Buffer> = Arc::new(LogBuffer::open(config.buffer.clone()).await?);
     let buffer_id = buffer_instance_id(&config.buffer.dir)?;
-    let metrics = Arc::new(Metrics::new(Arc::clone(&buffer)));
+    let sources = match Sources::build(&config.sources, &buffer) {
+        Ok(sources) => sources,
+        Err(e) => {
+            let _ = buffer.close().await;
+            return Err(e);
+        }
+    };
+    let metrics = Arc::new(Metrics::with_sources(Arc::clone(&buffer), Arc::clone(&sources.health)));
     let shipper = Shipper::new(
         Arc::clone(&buffer),
         uplink,
@@ -45,6 +54,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         buffer: Arc::clone(&buffer),
         metrics,
         uplink: status.clone(),
+        sources: Arc::clone(&sources.health),
         body_limit: usize::try_from(config.http.body_limit.as_u64()).unwrap_or(usize::MAX),
     };
     let addr = config.http.addr;
@@ -55,6 +65,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     })?;
     let bound =
         listener.local_addr().map_err(|source| Error::Listen { key: "http.addr", addr, source })?;
+    if let Some(broker) = &sources.broker {
+        announce(&format!("listening mqtt={}", broker.addr));
+    }
+    for (name, addr) in &sources.listening {
+        announce(&format!("listening {name}={addr}"));
+    }
     announce(&format!("listening http={bound}"));
     tracing::info!(%bound, gateway = %config.gateway_id, "gateway started");
 
@@ -72,11 +88,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     });
     tasks.spawn(shipper.run(delivery.clone()));
     tasks.close();
+    let devices = TaskTracker::new();
+    for (source, source_intake) in sources.sources {
+        let span = tracing::info_span!("source", name = %source.name(), kind = source.kind());
+        let stop = intake.clone();
+        let run = async move {
+            if let Err(e) = source.run(source_intake, stop).await {
+                tracing::error!(error = %e, "source stopped");
+            }
+        };
+        devices.spawn(tracing::Instrument::instrument(run, span));
+    }
+    devices.close();
 
     shutdown.cancelled().await;
     tracing::info!(flush = ?config.shutdown_flush, "shutting down: intake stopped, flushing");
     intake.cancel();
     let deadline = Instant::now() + config.shutdown_flush;
+    if tokio::time::timeout_at(deadline, devices.wait()).await.is_err() {
+        tracing::warn!("device sources still stopping at the flush deadline");
+    }
     let mut server_done = tokio::time::timeout_at(deadline, &mut server).await.is_ok();
     let delivered = drained(buffer.as_ref(), status, deadline).await;
     if !delivered {

@@ -150,8 +150,9 @@ pub enum FsyncPolicy {
     /// one fsync). Safest, slowest.
     Always,
     /// Group commit: appends queue up and one fsync at most every
-    /// `fsync_interval` makes all of them durable. Survives power loss;
-    /// adds up to `fsync_interval` of latency.
+    /// `fsync_interval` makes all of them durable, or sooner once a group
+    /// holds 256 KiB (with `block`). Survives power loss; adds up to
+    /// `fsync_interval` of latency.
     #[default]
     Batch,
     /// Return after `write()`: survives a process crash, not a power cut.

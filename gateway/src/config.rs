@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use crate::buffer::BufferConfig;
 use crate::error::{Error, Result};
+use crate::source::SourcesConfig;
 use crate::uplink::{Secret, UplinkConfig};
 
 /// Everything `opgraph-gateway` can be told.
@@ -23,9 +24,9 @@ use crate::uplink::{Secret, UplinkConfig};
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// This gateway's identity towards the cloud; its sequence numbers are
-    /// per gateway id. Required; one id per buffer directory: a new buffer
-    /// under an old id would have its first events taken for duplicates.
-    /// Env `OPGRAPH_GATEWAY_ID`.
+    /// per gateway id. Required; a new buffer under an old id is told apart
+    /// by the buffer's instance id (see docs/delivery.md). Env
+    /// `OPGRAPH_GATEWAY_ID`.
     pub gateway_id: String,
     /// How long SIGTERM keeps delivering before exiting. Default `5s`;
     /// what is not delivered by then stays in the buffer for the next
@@ -35,6 +36,9 @@ pub struct Config {
     pub http: HttpConfig,
     pub buffer: BufferConfig,
     pub uplink: UplinkConfig,
+    /// Device sources and the embedded MQTT broker (`[sources]`,
+    /// `source.rs`). Default: none.
+    pub sources: SourcesConfig,
 }
 
 /// The local HTTP port: health, metrics, local ingest.
@@ -64,6 +68,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             buffer: BufferConfig::default(),
             uplink: UplinkConfig::default(),
+            sources: SourcesConfig::default(),
         }
     }
 }
@@ -111,6 +116,7 @@ impl Config {
         if let Some(v) = env("OPGRAPH_GATEWAY_UPLINK_ENDPOINT") {
             self.uplink.endpoint = v.trim().to_owned();
         }
+        self.sources.apply_env(&env);
         if let Some(v) = env("OPGRAPH_GATEWAY_HTTP_ADDR") {
             self.http.addr = v
                 .trim()
@@ -141,6 +147,7 @@ impl Config {
             problems.extend(buffer.into_iter().map(|p| format!("buffer.{p}")));
         }
         problems.extend(self.uplink.problems().into_iter().map(|p| format!("uplink.{p}")));
+        problems.extend(self.sources.problems().into_iter().map(|p| format!("sources.{p}")));
         if problems.is_empty() { Ok(()) } else { Err(invalid(problems)) }
     }
 }
@@ -261,5 +268,42 @@ mod tests {
             .unwrap();
         config.validate().unwrap();
         assert_eq!(config.uplink.max_in_flight, UplinkConfig::default().max_in_flight);
+        assert_eq!(config.sources.mqtt[0].name, "rfid");
+        assert_eq!(config.sources.mqtt[0].rules.len(), 2);
+        assert!(config.sources.mqtt_broker.is_some());
+    }
+
+    #[test]
+    fn sources_are_checked_with_their_key_paths() {
+        let text = format!(
+            "{MINIMAL}\n[[sources.mqtt]]\nname = \"a\"\nbroker = \"embedded\"\nqos = 2\n\
+             [[sources.mqtt.rules]]\ntopic = \"t/{{x}}\"\nevent = \"e\"\nactor = \"{{y}}\"\n\
+             [[sources.mqtt]]\nname = \"a\"\nbroker = \"tcp://x\"\n"
+        );
+        let problems = problems(Config::parse(&text).unwrap().validate());
+        let keys: Vec<&str> =
+            problems.iter().map(|p| p.split(':').next().unwrap_or_default()).collect();
+        assert_eq!(
+            keys,
+            [
+                "sources.mqtt[0].qos",
+                "sources.mqtt[0].rules[0].actor",
+                "sources.mqtt[0].broker",
+                "sources.mqtt[1].broker",
+                "sources.mqtt[1].rules",
+                "sources.mqtt[1].name",
+            ],
+            "{problems:?}"
+        );
+        let problems = problems_of("[[sources.mqtt]]\nname = \"a\"\nbrokr = \"x\"\n");
+        assert!(problems[0].starts_with("sources.mqtt[0].brokr:"), "{problems:?}");
+        let problems = problems_of(
+            "[[sources.mqtt]]\nname = \"a\"\n[[sources.mqtt.rules]]\ntopic = \"t\"\nevnt = \"e\"\n",
+        );
+        assert!(problems[0].starts_with("sources.mqtt[0].rules[0].evnt:"), "{problems:?}");
+        let problems = problems_of("[[sources.mqtt]]\nprotocol = \"4\"\n");
+        assert!(problems[0].starts_with("sources.mqtt[0].protocol:"), "{problems:?}");
+        let problems = problems_of("[sources.mqtt_broker]\nlisten = \"nowhere\"\n");
+        assert!(problems[0].starts_with("sources.mqtt_broker.listen:"), "{problems:?}");
     }
 }

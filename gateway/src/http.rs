@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 use crate::buffer::Buffer;
 use crate::shipper::UplinkStatus;
+use crate::source::SourceSet;
 use crate::telemetry::Metrics;
 
 pub use self::ingest::encode_events;
@@ -32,6 +33,8 @@ pub struct HttpState {
     pub buffer: Arc<dyn Buffer>,
     pub metrics: Arc<Metrics>,
     pub uplink: watch::Receiver<UplinkStatus>,
+    /// Every device source's counters.
+    pub sources: Arc<SourceSet>,
     /// Largest ingest body in bytes.
     pub body_limit: usize,
 }
@@ -83,15 +86,17 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// `GET /health`: the buffer's counters, the uplink's state, and
-/// `degraded` when the disk fails or the cloud cannot be reached. Always
+/// `GET /health`: the buffer's counters, the uplink's state, each device
+/// source's (`sources`, see `source/health.rs`), and `degraded` when the
+/// disk fails, the cloud cannot be reached or a source is disconnected.
+/// Always
 /// 200: the gateway is up and keeps buffering either way; `status` says
 /// `ok` or `degraded`.
 async fn health(State(state): State<HttpState>) -> impl IntoResponse {
     let stats = state.buffer.stats();
     let uplink = state.uplink.borrow().clone();
     let uplink_failing = !uplink.connected && uplink.last_error.is_some();
-    let degraded = stats.degraded || uplink_failing;
+    let degraded = stats.degraded || uplink_failing || state.sources.any_disconnected();
     axum::Json(json!({
         "status": if degraded { "degraded" } else { "ok" },
         "degraded": degraded,
@@ -111,6 +116,7 @@ async fn health(State(state): State<HttpState>) -> impl IntoResponse {
             "next_seq": stats.next_seq,
         },
         "uplink": uplink,
+        "sources": state.sources.to_json(),
     }))
 }
 

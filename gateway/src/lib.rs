@@ -8,8 +8,11 @@
 //!   event an `evt_` id and its receive time, appends the encoded
 //!   `pb::Event`s to the buffer and answers 202 only once that append is
 //!   durable. Also `/health` and Prometheus `/metrics` ([`telemetry`]).
-//!   Device sources (MQTT, serial, Modbus, firmware) come next, the same
-//!   way.
+//! - [`source`]: device sources, the same way: each maps its messages
+//!   with [`source::mapping`] rules, appends them and acknowledges the
+//!   device only once the append is durable. MQTT now ([`source::mqtt`],
+//!   client of an external broker and/or the embedded rumqttd broker);
+//!   serial, Modbus and firmware frames come next.
 //! - [`buffer`]: the store-and-forward seam. [`buffer::LogBuffer`] is the
 //!   segmented, checksummed disk log (group commit, crash recovery, overflow
 //!   policy, disk-full handling); [`buffer::MemoryBuffer`] is its in-memory
@@ -34,6 +37,7 @@ pub mod config;
 pub mod error;
 pub mod http;
 pub mod shipper;
+pub mod source;
 pub mod telemetry;
 pub mod uplink;
 

@@ -24,7 +24,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OPGRAPH_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // rumqttd (the embedded broker) logs every connection at
+                // info and routine disconnects as errors.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn")),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -15,6 +15,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 use crate::buffer::Buffer;
+use crate::source::SourceSet;
+use crate::source::health::SourceCollector;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -51,6 +53,11 @@ pub struct Metrics {
 impl Metrics {
     /// The metrics, with the buffer's counters read from `buffer`.
     pub fn new(buffer: Arc<dyn Buffer>) -> Self {
+        Self::with_sources(buffer, Arc::default())
+    }
+
+    /// Also with every device source's counters (`source_*`).
+    pub fn with_sources(buffer: Arc<dyn Buffer>, sources: Arc<SourceSet>) -> Self {
         let mut registry = Registry::with_prefix("opgraph_gateway");
         let metrics = Metrics {
             events_accepted: Counter::default(),
@@ -115,6 +122,7 @@ impl Metrics {
             m.uplink_connected.clone(),
         );
         registry.register_collector(Box::new(BufferCollector { buffer }));
+        registry.register_collector(Box::new(SourceCollector(sources)));
         Metrics { registry, ..metrics }
     }
 

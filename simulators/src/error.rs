@@ -12,6 +12,9 @@ pub enum Error {
     InvalidConfig(Vec<String>),
     #[error("cannot bind {addr}: {source}")]
     Bind { addr: SocketAddr, source: io::Error },
+    /// The MQTT broker could not be reached or did not acknowledge.
+    #[error("mqtt {broker}: {reason}")]
+    Mqtt { broker: String, reason: String },
     #[error("{context}: {source}")]
     Io { context: &'static str, source: io::Error },
 }

@@ -12,16 +12,46 @@
 //!   transport ([`proxy`]`::{tcp, udp}`). Tests drive it in process through
 //!   [`proxy::FlakyProxy`] and [`proxy::ProxyHandle`]; the CLI wraps the
 //!   same API in [`proxy::cli`].
+//! - [`rfid`]: RFID readers publishing tag reads over MQTT (`opgraph-sim
+//!   rfid`): an I/O-free, seeded [`rfid::plan`] of portal passes with
+//!   repeated reads (and malformed messages or wrong clocks on request),
+//!   published with QoS 1 by [`rfid::cli`].
+//! - [`barcode`]: a barcode scanner on a pseudo-terminal (`opgraph-sim
+//!   barcode`): GS1-128, Code 128 and EAN-13 lines, bad check digits and
+//!   garbage on request.
+//! - [`modbus`]: a Modbus TCP device serving a register map (`opgraph-sim
+//!   modbus`), placed with the gateway's own register codec; exceptions and
+//!   latency on request.
+//! - [`robots`]: a robot fleet running missions over MQTT (`opgraph-sim
+//!   robots`): run lifecycle, telemetry and faults.
+//! - [`site`]: a whole local site in one process (`opgraph-site`): cloud,
+//!   gateway and a simulator per device kind, with a live count.
+//! - [`history`]: a long, deterministic history of warehouse, robot and
+//!   web events for query benchmarks (`opgraph-history`).
 //! - [`error`]: the crate's error type.
 //!
-//! Device simulators (RFID, barcode, Modbus, robots) join as sibling
+//! More device simulators (barcode, Modbus, robots) join as sibling
 //! modules, each with its own `cli` arguments, sharing their codecs with the
 //! gateway.
 
+pub mod barcode;
 pub mod error;
+pub mod history;
+pub mod modbus;
 pub mod proxy;
+pub mod rfid;
+pub mod robots;
+pub mod site;
 
 pub use error::{Error, Result};
+
+/// Writes `text` to stdout at once: the `listening` and `summary` lines
+/// that tests and scripts wait for must not sit in a buffer.
+pub(crate) fn print(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(Error::io("writing stdout"))
+}
 pub use proxy::link::{LinkConfig, PartitionWindow};
 pub use proxy::stats::{DirectionStats, ProxyStats};
 pub use proxy::{FlakyProxy, PartitionMode, PartitionState, Protocol, ProxyConfig, ProxyHandle};

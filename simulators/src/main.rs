@@ -6,7 +6,11 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 use opgraph_simulators::Error;
+use opgraph_simulators::barcode::{self, BarcodeArgs};
+use opgraph_simulators::modbus::{self, ModbusArgs};
 use opgraph_simulators::proxy::cli::{self as proxy_cli, ProxyArgs};
+use opgraph_simulators::rfid::cli::{self as rfid_cli, RfidArgs};
+use opgraph_simulators::robots::{self, RobotsArgs};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
@@ -21,6 +25,17 @@ enum Command {
     /// Forward TCP or UDP through a simulated flaky link: loss, latency,
     /// jitter, reordering, bandwidth cap and partitions.
     Proxy(ProxyArgs),
+    /// RFID readers publishing tag reads over MQTT (QoS 1), then a summary
+    /// of exactly what was sent.
+    Rfid(RfidArgs),
+    /// A Modbus TCP device serving a register map, with exceptions and
+    /// latency on request.
+    Modbus(ModbusArgs),
+    /// A barcode scanner on a pseudo-terminal: GS1 and plain codes, bad
+    /// check digits and garbage on request.
+    Barcode(BarcodeArgs),
+    /// A robot fleet running missions over MQTT: runs, telemetry, faults.
+    Robots(RobotsArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +60,10 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Proxy(args) => proxy_cli::run(args).await.map(drop),
+            Command::Rfid(args) => rfid_cli::run(args).await.map(drop),
+            Command::Modbus(args) => modbus::run(args).await.map(drop),
+            Command::Barcode(args) => barcode::run(args).await.map(drop),
+            Command::Robots(args) => robots::run(args).await.map(drop),
         }
     });
     match result {

@@ -63,8 +63,8 @@ impl CloudProc {
         self.dir.join("receiver-cert.pem")
     }
 
-    /// Ids of stored events named `event` (at most 1000), sorted.
-    pub async fn ids(&self, event: &str) -> Vec<String> {
+    /// Stored events named `event` (at most 1000), newest first.
+    pub async fn events(&self, event: &str) -> Vec<Value> {
         let response = reqwest::Client::new()
             .get(format!("{}/api/events?limit=1000&event={event}", self.url))
             .bearer_auth(TEST_BOOTSTRAP_KEY)
@@ -72,26 +72,44 @@ impl CloudProc {
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
-        let body: Value = response.json().await.unwrap();
-        let mut ids: Vec<String> = body["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["id"].as_str().unwrap().to_owned())
-            .collect();
+        let mut body: Value = response.json().await.unwrap();
+        match body["events"].take() {
+            Value::Array(events) => events,
+            other => panic!("no events array: {other}"),
+        }
+    }
+
+    /// Ids of stored events named `event` (at most 1000), sorted.
+    pub async fn ids(&self, event: &str) -> Vec<String> {
+        let events = self.events(event).await;
+        let mut ids: Vec<String> =
+            events.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
         ids.sort();
         ids
     }
 }
 
 /// Writes a gateway config into `dir` (buffer in `dir/buffer`, gateway id
-/// from the directory's name: one id per buffer).
+/// from the directory's name: one id per buffer); `extra` goes into its
+/// `[uplink]` table.
 pub fn gateway_config(
     dir: &Path,
     transport: Transport,
     endpoint: &str,
     ca: &Path,
     extra: &str,
+) -> PathBuf {
+    gateway_config_with(dir, transport, endpoint, ca, extra, "")
+}
+
+/// [`gateway_config`] with `buffer_extra` in its `[buffer]` table too.
+pub fn gateway_config_with(
+    dir: &Path,
+    transport: Transport,
+    endpoint: &str,
+    ca: &Path,
+    extra: &str,
+    buffer_extra: &str,
 ) -> PathBuf {
     let text = format!(
         r#"
@@ -103,6 +121,7 @@ addr = "127.0.0.1:0"
 
 [buffer]
 dir = {buffer:?}
+{buffer_extra}
 
 [uplink]
 transport = "{transport}"

@@ -261,3 +261,64 @@ async fn mutual_tls_needs_the_client_certificate() {
         assert!(gateway.process.terminate().await.unwrap().success());
     }
 }
+
+/// An event that names a trackable by its code, sent through a gateway,
+/// is resolved in the cloud like one sent over HTTP: it carries the
+/// trackable's id and counts in its usage; an unregistered code is kept as
+/// sent and resolves nothing.
+#[tokio::test]
+async fn trackable_codes_from_a_gateway_resolve_to_registered_trackables() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
+    let http = reqwest::Client::new();
+    let epc = "3034F87E5C0000400000012A";
+    let created: Value = http
+        .post(format!("{}/api/trackables", cloud.url))
+        .bearer_auth(TEST_BOOTSTRAP_KEY)
+        .json(&json!({"kind": "rfid_tag", "name": "Pallet 7", "code": epc}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let trackable_id = created["trackable"]["id"].as_str().unwrap().to_owned();
+
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let grpc = cloud.receiver(Transport::Grpc);
+    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), "");
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let body = json!({"batch": [
+        {"event": "rfid.tag.read", "actor": {"type": "rfid_reader", "id": "dock-3"},
+         "trackable": {"kind": "rfid_tag", "code": epc}},
+        {"event": "rfid.tag.read", "actor": {"type": "rfid_reader", "id": "dock-3"},
+         "trackable": {"kind": "rfid_tag", "code": "E200UNREGISTERED"}},
+    ]});
+    let response = http.post(format!("{}/ingest", gateway.url)).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    wait_drained(&gateway).await;
+
+    let events = cloud.events("rfid.tag.read").await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    let by_code = |code: &str| {
+        events.iter().find(|e| e["trackable"]["code"] == code).unwrap()["trackable"].clone()
+    };
+    assert_eq!(by_code(epc), json!({"kind": "rfid_tag", "code": epc, "id": trackable_id}));
+    assert_eq!(
+        by_code("E200UNREGISTERED"),
+        json!({"kind": "rfid_tag", "code": "E200UNREGISTERED"})
+    );
+
+    let one: Value = http
+        .get(format!("{}/api/trackables/{trackable_id}", cloud.url))
+        .bearer_auth(TEST_BOOTSTRAP_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["trackable"]["usage"]["count"], 1, "{one}");
+    assert!(gateway.process.terminate().await.unwrap().success());
+}

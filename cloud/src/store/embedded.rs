@@ -15,6 +15,8 @@ mod connectors;
 mod events;
 mod gateway;
 mod governance;
+mod journeys;
+mod queries;
 mod trackables;
 
 use std::path::{Path, PathBuf};
@@ -219,7 +221,11 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "busy_timeout", 5000)?;
     conn.pragma_update(None, "cache_size", -65536)?;
     conn.pragma_update(None, "mmap_size", 268_435_456)?;
+    // Funnels and attribution sort their candidate rows: in memory, not
+    // in temporary files.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    journeys::register_functions(&conn)?;
     Ok(conn)
 }
 
@@ -553,4 +559,20 @@ impl Store for EmbeddedStore {
         }
         Ok(())
     }
+}
+
+#[cfg(test)]
+mod conformance {
+    use std::time::Duration;
+
+    use super::EmbeddedStore;
+
+    /// A fresh store in a temporary directory that lives as long as it.
+    async fn open() -> (EmbeddedStore, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), Duration::ZERO).expect("open store");
+        (store, dir)
+    }
+
+    crate::store_conformance!(open);
 }

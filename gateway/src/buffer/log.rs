@@ -167,7 +167,7 @@ impl Buffer for LogBuffer {
                 self.shared.release(bytes);
                 return Err(Error::Closed);
             }
-            inbox.requests.push_back(Request {
+            inbox.push(Request {
                 records,
                 bytes,
                 reply,

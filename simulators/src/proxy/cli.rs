@@ -6,7 +6,6 @@
 //! demand, SIGUSR2 heals it, so scripts and tests driving the binary can
 //! cut the link at a moment of their choosing.
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use super::link::{LinkConfig, PartitionWindow};
 use super::stats::ProxyStats;
 use super::{FlakyProxy, PartitionMode, Protocol, ProxyConfig};
 use crate::error::{Error, Result};
+use crate::print;
 
 /// Forward TCP or UDP through a simulated flaky link.
 #[derive(Debug, Clone, clap::Args)]
@@ -132,11 +132,6 @@ pub async fn run(args: ProxyArgs) -> Result<ProxyStats> {
     let stats = proxy.shutdown().await;
     print(&stats.to_string())?;
     Ok(stats)
-}
-
-fn print(text: &str) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(Error::io("writing stdout"))
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::store::{AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent};
 
 pub(super) const DAY_MS: i64 = 86_400_000;
-const HOUR_MS: i64 = 3_600_000;
+pub(super) const HOUR_MS: i64 = 3_600_000;
 /// Searchable text per event is capped: search is for finding events, not
 /// for indexing megabytes of payload.
 const MAX_SEARCH_TEXT: usize = 2048;

@@ -291,3 +291,33 @@ CREATE TABLE IF NOT EXISTS connector_syncs (
     PRIMARY KEY (workspace_id, id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS connector_syncs_recent ON connector_syncs (workspace_id, created_at);
+
+-- Queries (docs/queries.md). Attribution's touchpoints and conversions
+-- and the proof gaps of governed events are small subsets of all events; without these
+-- partial indexes both would read every event of their range. Each query
+-- repeats its index's WHERE term literally, so that the planner can use it.
+CREATE INDEX IF NOT EXISTS events_touchpoint ON events (workspace_id, ts)
+    WHERE source IS NOT NULL OR campaign IS NOT NULL OR channel IS NOT NULL;
+CREATE INDEX IF NOT EXISTS events_decision ON events (workspace_id, ts)
+    WHERE decision_id IS NOT NULL;
+-- Attribution's default conversions: events carrying revenue.
+CREATE INDEX IF NOT EXISTS events_revenue ON events (workspace_id, ts)
+    WHERE revenue IS NOT NULL;
+
+-- Reusable metric definitions, and the metric
+-- values kept when a query asks for `persistSnapshots`.
+CREATE TABLE IF NOT EXISTS metric_definitions (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS metric_snapshots (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;

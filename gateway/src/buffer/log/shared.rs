@@ -108,7 +108,10 @@ impl State {
 /// Work for the writer thread; changes only under `Shared::inbox`.
 #[derive(Default)]
 pub(super) struct Inbox {
+    /// Queued appends; add with [`Inbox::push`], take with [`Inbox::take`].
     pub(super) requests: VecDeque<Request>,
+    /// Encoded bytes of `requests`.
+    pub(super) queued_bytes: u64,
     /// `close()` was called: write what is queued, fsync, stop.
     pub(super) closing: bool,
     pub(super) close_reply: Option<oneshot::Sender<Result<()>>>,
@@ -116,6 +119,19 @@ pub(super) struct Inbox {
     pub(super) abandoned: bool,
     /// Something else changed (an acknowledgement): housekeeping due.
     pub(super) kicked: bool,
+}
+
+impl Inbox {
+    pub(super) fn push(&mut self, request: Request) {
+        self.queued_bytes += request.bytes;
+        self.requests.push_back(request);
+    }
+
+    /// Takes every queued append.
+    pub(super) fn take(&mut self) -> Vec<Request> {
+        self.queued_bytes = 0;
+        self.requests.drain(..).collect()
+    }
 }
 
 /// One queued append.
@@ -135,6 +151,16 @@ pub(in crate::buffer) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Waits on `inbox_ready` for at most `wait`; a poisoned lock is taken
+    /// over, as in [`lock`].
+    pub(super) fn wait_inbox<'a>(
+        &self,
+        inbox: MutexGuard<'a, Inbox>,
+        wait: std::time::Duration,
+    ) -> MutexGuard<'a, Inbox> {
+        self.inbox_ready.wait_timeout(inbox, wait).unwrap_or_else(PoisonError::into_inner).0
+    }
+
     pub(super) fn dir(&self) -> &Path {
         &self.config.dir
     }

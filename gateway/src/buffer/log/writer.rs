@@ -1,11 +1,12 @@
 //! The writer thread: the only code that writes segment files.
 //!
-//! It drains queued appends in groups, encodes them into one buffer, writes
-//! it at the end of the tail segment with one positional write and makes it
-//! durable with one fsync, then answers every append of the group. Under
-//! `batch` it fsyncs at most once per `fsync_interval`: appends arriving
-//! meanwhile wait in the queue and join the next group, so many concurrent
-//! appenders share one fsync. Blocking I/O stays off the async threads.
+//! It drains queued appends in groups, encodes them, writes them at the end
+//! of the tail segment with positional writes and makes them durable with
+//! one fsync, then answers every append of the group. Under `batch` it
+//! fsyncs at most once per `fsync_interval`: appends arriving meanwhile
+//! join the group, so many concurrent appenders share one fsync; a group
+//! that reaches [`FULL_GROUP_BYTES`] meanwhile is written and fsynced at
+//! once (see [`Writer::gather`]). Blocking I/O stays off the async threads.
 //!
 //! Failures (disk full, EIO) never panic and never leave a half record
 //! behind as valid data: see [`Writer::rollback`] and [`Writer::commit`].
@@ -31,6 +32,13 @@ use crate::error::{Error, Result};
 mod rolling;
 
 pub(super) use self::rolling::{create_segment, remove_segment};
+
+/// Under `batch` (with `block`), a group this large is written and fsynced
+/// at once instead of waiting for the interval: the disk has a worthwhile
+/// amount to do, and waiting would only add latency (and, for appenders
+/// that wait for their answer, cap throughput at one group per interval).
+/// Smaller means more fsyncs; the rate stays bounded by bytes per fsync.
+const FULL_GROUP_BYTES: u64 = 256 << 10;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
@@ -59,6 +67,21 @@ pub(super) struct Writer {
     last_sync: Option<Instant>,
     /// Encoding buffer, reused.
     buf: Vec<u8>,
+}
+
+/// The records of a unit: written after `committed_len` and made durable by
+/// one fsync.
+struct Unit {
+    /// Records taken from each pending append, in order (an append that
+    /// has no entry contributes none).
+    taken: Vec<usize>,
+    /// Bytes written.
+    len: u64,
+    /// Sequence number after the unit's last record.
+    next_seq: u64,
+    /// No more records fit (segment or `max_bytes`): the rest wait for the
+    /// next unit.
+    full: bool,
 }
 
 /// An append being committed, possibly over several units.
@@ -150,19 +173,16 @@ impl Writer {
                     }
                     _ => None,
                 };
+                // A full group goes now, without waiting for the interval.
+                let early = self.early_writes() && inbox.queued_bytes >= FULL_GROUP_BYTES;
                 match due {
-                    Some(wait) if !wait.is_zero() => {
-                        inbox = self
-                            .shared
-                            .inbox_ready
-                            .wait_timeout(inbox, wait)
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
+                    Some(wait) if !wait.is_zero() && !early => {
+                        inbox = self.shared.wait_inbox(inbox, wait);
                         continue;
                     }
                     _ => {
                         inbox.kicked = false;
-                        return Work::Requests(inbox.requests.drain(..).collect());
+                        return Work::Requests(inbox.take());
                     }
                 }
             }
@@ -191,6 +211,10 @@ impl Writer {
             requests.into_iter().map(|req| Pending { req, done: 0, first_seq: 0 }).collect();
         let mut backoff = FIRST_BACKOFF;
         let mut space_short = false;
+        // Only the group's first unit waits for the interval (and gathers);
+        // a continuation after a full segment or a retry after a failure
+        // goes ahead, as it always has.
+        let mut first = true;
         while !pending.is_empty() {
             if self.shutting_down().1 {
                 return; // abandoned: the dropped replies answer `Closed`
@@ -198,7 +222,7 @@ impl Writer {
             if space_short {
                 self.housekeeping(true);
             }
-            let failure = match self.commit_unit(&mut pending) {
+            let failure = match self.commit_unit(&mut pending, std::mem::take(&mut first)) {
                 Ok(()) => {
                     backoff = FIRST_BACKOFF;
                     space_short = false;
@@ -227,59 +251,37 @@ impl Writer {
     }
 
     /// Writes and fsyncs as many pending records as fit in the tail, then
-    /// publishes them to readers and answers completed appends.
-    fn commit_unit(&mut self, pending: &mut VecDeque<Pending>) -> Result<(), Failure> {
+    /// publishes them to readers and answers completed appends. With
+    /// `gather`, under `batch`, waits for the interval first and adds the
+    /// appends that queue up meanwhile.
+    fn commit_unit(
+        &mut self,
+        pending: &mut VecDeque<Pending>,
+        gather: bool,
+    ) -> Result<(), Failure> {
         if self.file.is_none() {
             self.roll(false)?;
         }
-        let config = &self.shared.config;
-        let (segment_bytes, max_bytes) = (config.segment_bytes.as_u64(), config.max_bytes.as_u64());
-        self.buf.clear();
-        let mut seq = self.committed_next;
-        let mut taken = Vec::with_capacity(pending.len());
-        'build: for p in pending.iter() {
-            let mut n = 0;
-            for record in &p.req.records[p.done..] {
-                let size = encoded_len(record.len());
-                let unit = self.buf.len() as u64;
-                let used = self.committed_len + unit;
-                if used > 0 && used + size > segment_bytes {
-                    if unit > 0 {
-                        taken.push(n);
-                        break 'build;
-                    }
-                    // The tail is full: seal it and continue in a new one.
-                    self.roll(false)?;
-                }
-                if unit > 0 && unit + size > max_bytes {
-                    taken.push(n);
-                    break 'build;
-                }
-                segment::encode(&mut self.buf, seq, record);
-                seq += 1;
-                n += 1;
-            }
-            taken.push(n);
-        }
-        if self.buf.is_empty() {
+        let mut unit =
+            Unit { taken: Vec::new(), len: 0, next_seq: self.committed_next, full: false };
+        self.stage(pending, &mut unit)?;
+        if unit.len == 0 {
             return Ok(());
         }
-        if self.shared.config.overflow == OverflowPolicy::DropOldest {
-            self.make_room(self.buf.len() as u64)?;
+        if gather && self.early_writes() {
+            self.gather(pending, &mut unit)?;
         }
-        let path = self.shared.segment_path(self.tail_first);
-        let Some(file) = &self.file else {
-            return Err(Failure::new("write segment", path, io::Error::other("no tail segment")));
-        };
-        if let Err(e) = self.shared.faults.check(Fault::Write) {
-            let _ = file.write_all_at(&self.buf[..self.buf.len() / 2], self.committed_len);
-            return Err(Failure::new("write segment", &path, e));
-        }
-        file.write_all_at(&self.buf, self.committed_len)
-            .map_err(|e| Failure::new("write segment", &path, e))?;
         if self.shared.config.fsync == FsyncPolicy::Never {
             self.unsynced = true;
         } else {
+            let path = self.shared.segment_path(self.tail_first);
+            let Some(file) = &self.file else {
+                return Err(Failure::new(
+                    "fsync segment",
+                    path,
+                    io::Error::other("no tail segment"),
+                ));
+            };
             // Spacing fsync starts by the interval bounds both the fsync rate
             // and the latency an append waits for the next one.
             self.last_sync = Some(Instant::now());
@@ -289,14 +291,121 @@ impl Writer {
                 .and_then(|()| file.sync_data())
                 .map_err(|e| Failure::new("fsync segment", &path, e))?;
         }
-        self.publish(pending, &taken, seq);
+        self.publish(pending, &unit);
         Ok(())
+    }
+
+    /// Whether appends are written before their fsync is due: under `batch`
+    /// with `block` (under `drop_oldest` making room may replace the tail,
+    /// so nothing unsynced may sit in it while waiting).
+    fn early_writes(&self) -> bool {
+        let config = &self.shared.config;
+        config.fsync == FsyncPolicy::Batch && config.overflow == OverflowPolicy::Block
+    }
+
+    /// Encodes the pending records that are not in `unit` yet, as many as fit
+    /// in the tail segment, and writes them after the unit's earlier bytes.
+    ///
+    /// While `unit` is not full, every append it took from is complete, so
+    /// new records start at the first append without an entry in `taken`.
+    fn stage(&mut self, pending: &VecDeque<Pending>, unit: &mut Unit) -> Result<(), Failure> {
+        if unit.full {
+            return Ok(());
+        }
+        let config = &self.shared.config;
+        let (segment_bytes, max_bytes) = (config.segment_bytes.as_u64(), config.max_bytes.as_u64());
+        self.buf.clear();
+        let mut seq = unit.next_seq;
+        'build: for p in pending.iter().skip(unit.taken.len()) {
+            let mut n = 0;
+            for record in &p.req.records[p.done..] {
+                let size = encoded_len(record.len());
+                let staged = unit.len + self.buf.len() as u64;
+                let used = self.committed_len + staged;
+                if used > 0 && used + size > segment_bytes {
+                    if staged > 0 {
+                        unit.taken.push(n);
+                        unit.full = true;
+                        break 'build;
+                    }
+                    // The tail is full: seal it and continue in a new one.
+                    self.roll(false)?;
+                }
+                if staged > 0 && staged + size > max_bytes {
+                    unit.taken.push(n);
+                    unit.full = true;
+                    break 'build;
+                }
+                segment::encode(&mut self.buf, seq, record);
+                seq += 1;
+                n += 1;
+            }
+            unit.taken.push(n);
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        if unit.len == 0 && self.shared.config.overflow == OverflowPolicy::DropOldest {
+            self.make_room(self.buf.len() as u64)?;
+        }
+        let path = self.shared.segment_path(self.tail_first);
+        let Some(file) = &self.file else {
+            return Err(Failure::new("write segment", path, io::Error::other("no tail segment")));
+        };
+        let offset = self.committed_len + unit.len;
+        if let Err(e) = self.shared.faults.check(Fault::Write) {
+            let _ = file.write_all_at(&self.buf[..self.buf.len() / 2], offset);
+            return Err(Failure::new("write segment", &path, e));
+        }
+        file.write_all_at(&self.buf, offset)
+            .map_err(|e| Failure::new("write segment", &path, e))?;
+        unit.len += self.buf.len() as u64;
+        unit.next_seq = seq;
+        Ok(())
+    }
+
+    /// Under `batch`: waits until the next fsync is allowed, meanwhile taking
+    /// the appends that queue up into the unit (`pending`). Ends at the
+    /// deadline with whatever is queued, or early once the unit holds
+    /// [`FULL_GROUP_BYTES`]; closing or abandoning ends it at once.
+    ///
+    /// Written records stay invisible and unanswered until the fsync: a
+    /// failure rolls the whole unit back and rewrites it, as before.
+    fn gather(&mut self, pending: &mut VecDeque<Pending>, unit: &mut Unit) -> Result<(), Failure> {
+        let Some(last) = self.last_sync else { return Ok(()) };
+        let deadline = last + self.shared.config.fsync_interval;
+        let mut inbox = lock(&self.shared.inbox);
+        loop {
+            if inbox.closing || inbox.abandoned || unit.len >= FULL_GROUP_BYTES {
+                return Ok(());
+            }
+            let left = deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero());
+            let take = !unit.full
+                && !inbox.requests.is_empty()
+                && (left.is_none() || inbox.queued_bytes >= FULL_GROUP_BYTES);
+            if take {
+                pending.extend(inbox.take().into_iter().map(|req| Pending {
+                    req,
+                    done: 0,
+                    first_seq: 0,
+                }));
+                drop(inbox);
+                self.stage(pending, unit)?;
+                if left.is_none() || unit.len >= FULL_GROUP_BYTES {
+                    return Ok(());
+                }
+                inbox = lock(&self.shared.inbox);
+                continue;
+            }
+            let Some(left) = left else { return Ok(()) };
+            inbox = self.shared.wait_inbox(inbox, left);
+        }
     }
 
     /// Moves the durable watermark past the unit just committed and answers
     /// the appends it completed.
-    fn publish(&mut self, pending: &mut VecDeque<Pending>, taken: &[usize], next_seq: u64) {
-        let written = self.buf.len() as u64;
+    fn publish(&mut self, pending: &mut VecDeque<Pending>, unit: &Unit) {
+        let (written, next_seq, taken) = (unit.len, unit.next_seq, &unit.taken);
         let mut seq = self.committed_next;
         self.committed_len += written;
         self.committed_next = next_seq;
@@ -398,12 +507,7 @@ impl Writer {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return;
             };
-            inbox = self
-                .shared
-                .inbox_ready
-                .wait_timeout(inbox, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            inbox = self.shared.wait_inbox(inbox, left);
         }
     }
 

@@ -1,0 +1,605 @@
+//! The store conformance suite: one known dataset ([`load`]) and the answers
+//! computed by hand, run against every [`Store`] backend.
+//!
+//! A backend runs the whole suite with one line in its tests:
+//!
+//! ```ignore
+//! opgraph_cloud::store_conformance!(my_backend_opener);
+//! ```
+//!
+//! where `my_backend_opener()` is an async fn returning `(store, guard)`:
+//! a fresh, empty store, and whatever must live as long as it (a temporary
+//! directory, a database name to drop). Each case gets its own store.
+//!
+//! The dataset (times relative to [`T`], 2026-01-01T00:00Z; `user-N` are
+//! actors of type `user`):
+//!
+//! | actor | day 1 (`[T, T+24h)`) |
+//! |---|---|
+//! | user-1 | ad.click +5m (google/spring/search, ad-spring-1), page.view +10m (`/Pricing`), cart.add +20m, ad.click +25m (newsletter/may/email, ad-may-2), order.created +30m (100) |
+//! | user-2 | page.view +10m, order.created +15m (20), cart.add +40m: out of order |
+//! | user-3 | page.view +1h, cart.add +1h10m, order.created +3h (30, source partner): out of the 1h window |
+//! | user-4 | page.view +5h, ad.click +7h (google/spring/search, ad-spring-1), page.view +8h, cart.add +8h05m, order.created +8h50m (50): restarts in time |
+//! | user-5 | cart.add +2h |
+//! | user-6 | page.view +2h |
+//! | user-7 | (ad.click -2h google/winter/search, page.view -1m), cart.add +5m, order.created +6m (10) |
+//!
+//! plus `legacy.ping` at -3h (the day before), runs and governed events on
+//! day 2 (`[T+24h, T+48h)`), and events of another workspace that must never
+//! show. `cart.add` carries `properties.qty` (2, 1, 1, 3, 1, 1 for users
+//! 1, 2, 3, 4, 5, 7).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test suite
+
+use serde_json::{Value, json};
+
+use super::queries::{
+    Aggregation, AttributionModel, AttributionQuery, FunnelQuery, MetricDefinition, MetricSnapshot,
+    Range, RunQuery, SearchQuery, SeriesQuery, TotalsQuery,
+};
+use super::{AppendRequest, NewEvent, Store, Workspace};
+
+/// 2026-01-01T00:00:00Z.
+pub const T: i64 = 1_767_225_600_000;
+pub const M: i64 = 60_000;
+pub const H: i64 = 60 * M;
+pub const WS: &str = "ws_conformance";
+pub const OTHER_WS: &str = "ws_conformance_other";
+pub const DAY1: Range = Range { from: T, to: T + 24 * H };
+pub const DAY2: Range = Range { from: T + 24 * H, to: T + 48 * H };
+
+fn user(n: u32) -> Value {
+    json!({"type": "user", "id": format!("user-{n}")})
+}
+
+fn click(n: u32, at: i64, source: &str, campaign: &str, channel: &str, ad: Option<&str>) -> Value {
+    let mut e = json!({
+        "event": "ad.click", "actor": user(n), "timestamp": at,
+        "source": {"channel": channel, "campaign": campaign},
+        "attribution": {"source": source},
+    });
+    if let Some(ad) = ad {
+        e["object"] = json!({"type": "ad", "id": ad});
+    }
+    e
+}
+
+fn plain(n: u32, event: &str, at: i64) -> Value {
+    json!({"event": event, "actor": user(n), "timestamp": at})
+}
+
+fn cart(n: u32, at: i64, qty: u32) -> Value {
+    json!({"event": "cart.add", "actor": user(n), "timestamp": at, "properties": {"qty": qty}})
+}
+
+fn order(n: u32, at: i64, revenue: f64) -> Value {
+    json!({"event": "order.created", "actor": user(n), "timestamp": at,
+        "outcome": {"revenue": revenue, "currency": "EUR"}})
+}
+
+fn agent(event: &str, trace: &str, at: i64) -> Value {
+    json!({"event": event, "traceId": trace, "timestamp": at,
+        "actor": {"type": "ai_agent", "id": "agent-7"}})
+}
+
+/// The dataset of the module documentation.
+pub fn dataset() -> Vec<Value> {
+    let d2 = T + 24 * H;
+    let mut view1 = plain(1, "page.view", T + 10 * M);
+    view1["properties"] = json!({"page": "/Pricing"});
+    let mut click1 = click(1, T + 5 * M, "google", "spring", "search", Some("ad-spring-1"));
+    click1["entity"] = json!({"type": "campaign", "id": "spring", "name": "Spring sale"});
+    let mut click4 = click(4, T + 7 * H, "google", "spring", "search", Some("ad-spring-1"));
+    click4["entity"] = json!({"type": "campaign", "id": "spring", "properties": {"budget": 5}});
+    let mut order3 = order(3, T + 3 * H, 30.0);
+    order3["attribution"] = json!({"source": "partner"});
+    vec![
+        // user-1: the whole funnel, two touchpoints.
+        click1,
+        view1,
+        cart(1, T + 20 * M, 2),
+        click(1, T + 25 * M, "newsletter", "may", "email", Some("ad-may-2")),
+        order(1, T + 30 * M, 100.0),
+        // user-2: order before cart.
+        plain(2, "page.view", T + 10 * M),
+        order(2, T + 15 * M, 20.0),
+        cart(2, T + 40 * M, 1),
+        // user-3: the order comes 3 h after the view.
+        plain(3, "page.view", T + H),
+        cart(3, T + H + 10 * M, 1),
+        order3,
+        // user-4: a first view too early, a second one in time.
+        plain(4, "page.view", T + 5 * H),
+        click4,
+        plain(4, "page.view", T + 8 * H),
+        cart(4, T + 8 * H + 5 * M, 3),
+        order(4, T + 8 * H + 50 * M, 50.0),
+        // user-5 and user-6: one step each.
+        cart(5, T + 2 * H, 1),
+        plain(6, "page.view", T + 2 * H),
+        // user-7: touchpoint and first step before the range.
+        click(7, T - 2 * H, "google", "winter", "search", None),
+        plain(7, "page.view", T - M),
+        cart(7, T + 5 * M, 1),
+        order(7, T + 6 * M, 10.0),
+        // The day before.
+        json!({"event": "legacy.ping", "timestamp": T - 3 * H}),
+        // Day 2: runs.
+        agent("workflow.started", "wf-1", d2 + H),
+        agent("workflow.step", "wf-1", d2 + H + M),
+        agent("workflow.completed", "wf-1", d2 + H + 2 * M),
+        json!({"event": "note.added", "traceId": "wf-1", "timestamp": d2 + H + 3 * M}),
+        agent("workflow.started", "wf-2", d2 + 2 * H),
+        agent("workflow.failed", "wf-2", d2 + 2 * H + 5 * M),
+        json!({"event": "robot.mission.started", "traceId": "rb-1", "businessId": "north",
+            "timestamp": d2 + 4 * H, "actor": {"type": "robot", "id": "robot-1"}}),
+        json!({"event": "robot.mission.progress", "traceId": "rb-1", "businessId": "north",
+            "timestamp": d2 + 4 * H + M, "actor": {"type": "robot", "id": "robot-1"}}),
+        // Day 2: governed events; only the first lacks proof.
+        json!({"event": "payment.approved", "decisionId": "dec_1", "trustTier": "T2",
+            "timestamp": d2 + 5 * H}),
+        json!({"event": "payment.approved", "decisionId": "dec_2", "trustTier": "T3",
+            "timestamp": d2 + 6 * H}),
+        json!({"event": "payment.approved", "decisionId": "dec_3", "trustTier": "T1",
+            "proofId": "prf_1", "timestamp": d2 + 7 * H}),
+    ]
+}
+
+/// Events of another workspace, in the same hours and with the same names.
+fn other_dataset() -> Vec<Value> {
+    vec![
+        plain(3, "page.view", T + H),
+        cart(3, T + H + 20 * M, 5),
+        order(3, T + H + 30 * M, 999.0),
+        click(3, T + H, "google", "spring", "search", Some("ad-spring-1")),
+        agent("workflow.failed", "wf-1", T + 25 * H),
+    ]
+}
+
+fn to_events(values: Vec<Value>) -> Vec<NewEvent> {
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| {
+            let event = opgraph_proto::Event::parse_json(&value).expect("dataset event");
+            let event = crate::api::ingest::finish_envelope(event, T).expect("dataset event");
+            NewEvent { id: format!("evt_conf{i:04}"), received_at: T + 48 * H, event }
+        })
+        .collect()
+}
+
+/// Creates the workspaces and stores the dataset.
+pub async fn load(store: &dyn Store) {
+    for id in [WS, OTHER_WS] {
+        let ws = Workspace { id: id.into(), name: id.into(), created_at: T };
+        store.create_workspace(&ws).await.unwrap();
+    }
+    let request = AppendRequest { events: to_events(dataset()), idempotency_key: None };
+    store.append_events(WS, request).await.unwrap();
+    let request = AppendRequest { events: to_events(other_dataset()), idempotency_key: None };
+    store.append_events(OTHER_WS, request).await.unwrap();
+}
+
+fn counts(totals: &super::queries::Totals) -> Vec<(&str, u64)> {
+    totals.events.iter().map(|e| (e.event_name.as_str(), e.count)).collect()
+}
+
+pub async fn totals(store: &dyn Store) {
+    let q =
+        TotalsQuery { range: Some(DAY1), unique_actors: true, limit: 100, ..Default::default() };
+    let t = store.event_totals(WS, &q).await.unwrap();
+    assert_eq!(t.total_events, 20);
+    assert_eq!(t.total_revenue, 210.0);
+    // Most frequent first, ties by name.
+    assert_eq!(
+        counts(&t),
+        [("cart.add", 6), ("page.view", 6), ("order.created", 5), ("ad.click", 3)]
+    );
+    let unique: Vec<Option<u64>> = t.events.iter().map(|e| e.unique_actors).collect();
+    assert_eq!(unique, [Some(6), Some(5), Some(5), Some(2)]);
+    assert_eq!(t.events[2].revenue, 210.0);
+
+    // One event; a limit keeps the most frequent but totals stay whole.
+    let q = TotalsQuery { event: Some("order.created".into()), ..q };
+    let t = store.event_totals(WS, &q).await.unwrap();
+    assert_eq!(counts(&t), [("order.created", 5)]);
+    let q = TotalsQuery { event: None, limit: 1, unique_actors: false, ..q };
+    let t = store.event_totals(WS, &q).await.unwrap();
+    assert_eq!((counts(&t), t.total_events), (vec![("cart.add", 6)], 20));
+    assert_eq!(t.events[0].unique_actors, None);
+
+    // By business.
+    let q = TotalsQuery {
+        range: Some(DAY2),
+        business_id: Some("north".into()),
+        limit: 100,
+        ..Default::default()
+    };
+    let t = store.event_totals(WS, &q).await.unwrap();
+    assert_eq!(counts(&t), [("robot.mission.progress", 1), ("robot.mission.started", 1)]);
+}
+
+pub async fn totals_at_unaligned_edges(store: &dyn Store) {
+    // [T+10m, T+8h30m): from inclusive, to exclusive, neither on an hour.
+    let range = Range { from: T + 10 * M, to: T + 8 * H + 30 * M };
+    let q = TotalsQuery { range: Some(range), limit: 100, ..Default::default() };
+    let t = store.event_totals(WS, &q).await.unwrap();
+    assert_eq!(
+        counts(&t),
+        [("page.view", 6), ("cart.add", 5), ("order.created", 3), ("ad.click", 2)]
+    );
+    assert_eq!((t.total_events, t.total_revenue), (16, 150.0));
+    // Inside a single hour.
+    let range = Range { from: T + 6 * M, to: T + 15 * M };
+    let t = store
+        .event_totals(WS, &TotalsQuery { range: Some(range), limit: 100, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(counts(&t), [("page.view", 2), ("order.created", 1)]);
+}
+
+pub async fn series(store: &dyn Store) {
+    let buckets = |points: Vec<super::queries::SeriesPoint>| {
+        points.into_iter().map(|p| (p.bucket, p.count)).collect::<Vec<_>>()
+    };
+    let q = SeriesQuery {
+        range: Range { from: T, to: T + 4 * H },
+        business_id: None,
+        event: Some("order.created".into()),
+        bucket_ms: H,
+        by_event: false,
+    };
+    assert_eq!(buckets(store.event_series(WS, &q).await.unwrap()), [(T, 3), (T + 3 * H, 1)]);
+    let q = SeriesQuery { range: Range { from: T + 10 * M, to: T + 2 * H }, event: None, ..q };
+    assert_eq!(buckets(store.event_series(WS, &q).await.unwrap()), [(T, 7), (T + H, 2)]);
+    let q =
+        SeriesQuery { range: Range { from: T - 24 * H, to: T + 24 * H }, bucket_ms: 24 * H, ..q };
+    assert_eq!(buckets(store.event_series(WS, &q).await.unwrap()), [(T - 24 * H, 3), (T, 20)]);
+    let q = SeriesQuery { range: Range { from: T, to: T + H }, bucket_ms: H, by_event: true, ..q };
+    let points = store.event_series(WS, &q).await.unwrap();
+    let by_event: Vec<(&str, u64)> =
+        points.iter().map(|p| (p.event_name.as_deref().unwrap_or(""), p.count)).collect();
+    assert_eq!(
+        by_event,
+        [("ad.click", 2), ("cart.add", 3), ("order.created", 3), ("page.view", 2)]
+    );
+}
+
+pub async fn funnel(store: &dyn Store) {
+    let steps = |names: &[&str]| names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let q = FunnelQuery {
+        steps: steps(&["page.view", "cart.add", "order.created"]),
+        range: DAY1,
+        window_ms: H,
+        business_id: None,
+    };
+    // Step 1: users 1, 2, 3, 4, 6 (user-7's view is before the range).
+    // Step 2: users 1, 2, 3, 4. Step 3: user-1, and user-4 from its second
+    // view; user-2 ordered before the cart, user-3 ordered after the window.
+    assert_eq!(store.funnel(WS, &q).await.unwrap(), [5, 4, 2]);
+    // A wider window lets user-3 (3 h) and user-4's first view (3 h 50 m) in.
+    let q = FunnelQuery { window_ms: 4 * H, ..q };
+    assert_eq!(store.funnel(WS, &q).await.unwrap(), [5, 4, 3]);
+    // A step repeated needs two events: only user-4 viewed twice.
+    let q = FunnelQuery { steps: steps(&["page.view", "page.view"]), window_ms: 4 * H, ..q };
+    assert_eq!(store.funnel(WS, &q).await.unwrap(), [5, 1]);
+    // Another business has none of it.
+    let q = FunnelQuery { business_id: Some("north".into()), ..q };
+    assert_eq!(store.funnel(WS, &q).await.unwrap(), [0, 0]);
+}
+
+fn rows(list: &[super::queries::AttributionRow]) -> Vec<(&str, u64, f64, f64)> {
+    list.iter().map(|r| (r.key.as_str(), r.touchpoints, r.conversions, r.revenue)).collect()
+}
+
+fn attribution_query(model: AttributionModel) -> AttributionQuery {
+    AttributionQuery {
+        conversion_event: Some("order.created".into()),
+        model,
+        range: DAY1,
+        lookback_ms: 30 * 24 * H,
+        business_id: None,
+        limit: 100,
+    }
+}
+
+pub async fn attribution_first_touch(store: &dyn Store) {
+    let a = store.attribution(WS, &attribution_query(AttributionModel::FirstTouch)).await.unwrap();
+    // Five orders (210); user-2 had no touchpoint.
+    assert_eq!((a.conversions, a.revenue, a.unattributed), (5, 210.0, 1));
+    // user-1 -> google (100), user-4 -> google (50), user-7 -> google (10,
+    // a touchpoint before the range), user-3 -> its own order (partner).
+    // newsletter only touched: touchpoints in the range, no credit.
+    assert_eq!(
+        rows(&a.by_source),
+        [("google", 2, 3.0, 160.0), ("partner", 1, 1.0, 30.0), ("newsletter", 1, 0.0, 0.0)]
+    );
+    assert_eq!(
+        rows(&a.by_campaign),
+        [
+            ("spring", 2, 2.0, 150.0),
+            ("(none)", 1, 1.0, 30.0),
+            ("winter", 0, 1.0, 10.0),
+            ("may", 1, 0.0, 0.0)
+        ]
+    );
+    // The same query with the default conversion (events with revenue).
+    let q = AttributionQuery {
+        conversion_event: None,
+        ..attribution_query(AttributionModel::FirstTouch)
+    };
+    let b = store.attribution(WS, &q).await.unwrap();
+    assert_eq!(b, a);
+}
+
+pub async fn attribution_last_touch(store: &dyn Store) {
+    let a = store.attribution(WS, &attribution_query(AttributionModel::LastTouch)).await.unwrap();
+    // user-1 -> newsletter (its later click), user-4 and user-7 -> google.
+    assert_eq!(
+        rows(&a.by_source),
+        [("google", 2, 2.0, 60.0), ("newsletter", 1, 1.0, 100.0), ("partner", 1, 1.0, 30.0)]
+    );
+    assert_eq!(
+        rows(&a.by_channel),
+        [("search", 2, 2.0, 60.0), ("email", 1, 1.0, 100.0), ("(none)", 1, 1.0, 30.0)]
+    );
+}
+
+pub async fn attribution_linear(store: &dyn Store) {
+    let a = store.attribution(WS, &attribution_query(AttributionModel::Linear)).await.unwrap();
+    // user-1's order is split between its two touchpoints.
+    assert_eq!(
+        rows(&a.by_source),
+        [("google", 2, 2.5, 110.0), ("partner", 1, 1.0, 30.0), ("newsletter", 1, 0.5, 50.0)]
+    );
+    assert_eq!(
+        rows(&a.by_entity),
+        [
+            ("(none)", 1, 2.0, 40.0),
+            ("ad:ad-spring-1", 2, 1.5, 100.0),
+            ("ad:ad-may-2", 1, 0.5, 50.0)
+        ]
+    );
+    // A business without conversions.
+    let q = AttributionQuery {
+        business_id: Some("north".into()),
+        ..attribution_query(AttributionModel::Linear)
+    };
+    let none = store.attribution(WS, &q).await.unwrap();
+    assert_eq!((none.conversions, none.by_source.len()), (0, 0));
+}
+
+pub async fn period_diff(store: &dyn Store) {
+    let totals = |range| TotalsQuery { range: Some(range), limit: 10_000, ..Default::default() };
+    let current = store.event_totals(WS, &totals(DAY1)).await.unwrap();
+    let previous =
+        store.event_totals(WS, &totals(Range { from: T - 24 * H, to: T })).await.unwrap();
+    let d = crate::intelligence::period_diff(&current, &previous, 100);
+    assert_eq!(d.revenue_delta, 210.0);
+    assert_eq!(d.new_event_types, ["cart.add", "order.created"]);
+    assert_eq!(d.disappeared_event_types, ["legacy.ping"]);
+    let diffs: Vec<(&str, u64, u64, i64, Option<f64>)> = d
+        .event_diffs
+        .iter()
+        .map(|e| (e.event.as_str(), e.current, e.previous, e.delta, e.pct_change))
+        .collect();
+    assert_eq!(
+        diffs,
+        [
+            ("cart.add", 6, 0, 6, None),
+            ("order.created", 5, 0, 5, None),
+            ("page.view", 6, 1, 5, Some(500.0)),
+            ("ad.click", 3, 1, 2, Some(200.0)),
+            ("legacy.ping", 0, 1, -1, Some(-100.0)),
+        ]
+    );
+}
+
+pub async fn search(store: &dyn Store) {
+    let query = |text: &str| SearchQuery {
+        text: text.into(),
+        range: None,
+        event: None,
+        business_id: None,
+        limit: 100,
+    };
+    let names = |r: &super::queries::SearchResult| {
+        r.events
+            .iter()
+            .map(|e| e.envelope["event"].as_str().unwrap_or("").to_owned())
+            .collect::<Vec<_>>()
+    };
+    // A property value, case-insensitive.
+    let r = store.search_events(WS, &query("pricing")).await.unwrap();
+    assert_eq!((names(&r), r.total, r.total_capped), (vec!["page.view".to_owned()], 1, false));
+    assert_eq!(r.events[0].envelope["properties"]["page"], "/Pricing");
+    // An actor id: newest first; the other workspace's user-3 stays out.
+    let r = store.search_events(WS, &query("USER-3")).await.unwrap();
+    assert_eq!(names(&r), ["order.created", "cart.add", "page.view"]);
+    assert_eq!(r.total, 3);
+    // An object id, an actor type, an event name.
+    assert_eq!(store.search_events(WS, &query("spring-1")).await.unwrap().total, 2);
+    assert_eq!(store.search_events(WS, &query("robot")).await.unwrap().total, 2);
+    assert_eq!(store.search_events(WS, &query("legacy.p")).await.unwrap().total, 1);
+    // Filters, and a limit that keeps the total.
+    let q = SearchQuery { event: Some("page.view".into()), ..query("user-4") };
+    assert_eq!(store.search_events(WS, &q).await.unwrap().total, 2);
+    let q = SearchQuery { range: Some(Range { from: T + 6 * H, to: DAY1.to }), ..query("user-4") };
+    assert_eq!(store.search_events(WS, &q).await.unwrap().total, 4);
+    let q = SearchQuery { limit: 1, ..query("user-4") };
+    let r = store.search_events(WS, &q).await.unwrap();
+    assert_eq!((names(&r), r.total), (vec!["order.created".to_owned()], 5));
+    // Quotes and operators are text, not query syntax.
+    assert_eq!(store.search_events(WS, &query("\"OR\" NEAR(")).await.unwrap().total, 0);
+    assert_eq!(store.search_events(WS, &query("nothing-like-this")).await.unwrap().total, 0);
+}
+
+pub async fn runs_and_actors(store: &dyn Store) {
+    let q = RunQuery { range: Some(DAY2), limit: 100, ..Default::default() };
+    let runs = store.runs(WS, &q).await.unwrap();
+    let summary: Vec<(&str, &str, &str, u64, &str)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r.trace_id.as_str(),
+                r.kind.as_str(),
+                r.status.as_str(),
+                r.events,
+                r.last_event.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("rb-1", "robot", "running", 2, "robot.mission.progress"),
+            ("wf-2", "workflow", "failed", 2, "workflow.failed"),
+            ("wf-1", "workflow", "completed", 3, "workflow.completed"),
+        ]
+    );
+    let wf1 = &runs[2];
+    assert_eq!((wf1.started_at, wf1.updated_at), (DAY2.from + H, DAY2.from + H + 2 * M));
+    assert_eq!(wf1.actor_id.as_deref(), Some("agent-7"));
+
+    let one = store
+        .runs(WS, &RunQuery { trace_id: Some("wf-1".into()), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    let by_agent = store
+        .runs(WS, &RunQuery { actor_id: Some("agent-7".into()), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(by_agent.iter().map(|r| r.trace_id.as_str()).collect::<Vec<_>>(), ["wf-2", "wf-1"]);
+    let north = store
+        .runs(WS, &RunQuery { business_id: Some("north".into()), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(north.iter().map(|r| r.trace_id.as_str()).collect::<Vec<_>>(), ["rb-1"]);
+    let limited = store.runs(WS, &RunQuery { limit: 1, ..Default::default() }).await.unwrap();
+    assert_eq!(limited.len(), 1);
+
+    let actors = store.actor_activity(WS, DAY2, &["ai_agent", "robot"], None, 10).await.unwrap();
+    let a: Vec<(&str, u64)> = actors.iter().map(|a| (a.actor_id.as_str(), a.events)).collect();
+    assert_eq!(a, [("agent-7", 5), ("robot-1", 2)]);
+    let users = store.actor_activity(WS, DAY1, &[], Some("user-1"), 10).await.unwrap();
+    assert_eq!(users.len(), 1);
+    assert_eq!((users[0].events, users[0].revenue), (5, 100.0));
+    assert_eq!((users[0].first_seen, users[0].last_seen), (T + 5 * M, T + 30 * M));
+}
+
+pub async fn proof_gaps(store: &dyn Store) {
+    let gaps = store.proof_gaps(WS, DAY2, None, 10).await.unwrap();
+    let ids: Vec<&str> = gaps.iter().filter_map(|e| e.envelope["decisionId"].as_str()).collect();
+    assert_eq!(ids, ["dec_1"]);
+    assert!(store.proof_gaps(WS, DAY1, None, 10).await.unwrap().is_empty());
+    assert!(store.proof_gaps(WS, DAY2, Some("north"), 10).await.unwrap().is_empty());
+}
+
+pub async fn metric_definitions_and_snapshots(store: &dyn Store) {
+    let def = |id: &str, event: &str, aggregation, property: Option<&str>| MetricDefinition {
+        id: id.into(),
+        name: format!("{id} name"),
+        event_name: event.into(),
+        aggregation,
+        property: property.map(str::to_owned),
+        description: None,
+        created_at: T + i64::from(id.as_bytes()[id.len() - 1]),
+        created_by: "test".into(),
+    };
+    let revenue = def("mdef_1", "order.created", Aggregation::Sum, Some("revenue"));
+    let viewers = def("mdef_2", "page.view", Aggregation::Unique, None);
+    let qty = def("mdef_3", "cart.add", Aggregation::Sum, Some("qty"));
+    let carts = def("mdef_4", "cart.add", Aggregation::Count, None);
+    for d in [&revenue, &viewers, &qty, &carts] {
+        store.insert_metric_definition(WS, d).await.unwrap();
+    }
+    let listed = store.list_metric_definitions(WS, 10).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(),
+        ["mdef_4", "mdef_3", "mdef_2", "mdef_1"]
+    );
+    assert_eq!(listed[3], revenue);
+    assert_eq!(store.list_metric_definitions(WS, 2).await.unwrap().len(), 2);
+    assert!(store.list_metric_definitions(OTHER_WS, 10).await.unwrap().is_empty());
+
+    assert_eq!(store.evaluate_metric(WS, &revenue, DAY1, None).await.unwrap(), (5, 210.0));
+    assert_eq!(store.evaluate_metric(WS, &viewers, DAY1, None).await.unwrap(), (6, 5.0));
+    assert_eq!(store.evaluate_metric(WS, &qty, DAY1, None).await.unwrap(), (6, 9.0));
+    assert_eq!(store.evaluate_metric(WS, &carts, DAY1, None).await.unwrap(), (6, 6.0));
+    assert_eq!(store.evaluate_metric(WS, &carts, DAY1, Some("north")).await.unwrap(), (0, 0.0));
+
+    let snapshot = MetricSnapshot {
+        id: "msnap_1".into(),
+        definition_id: Some("mdef_1".into()),
+        event_name: Some("order.created".into()),
+        business_id: None,
+        from: DAY1.from,
+        to: DAY1.to,
+        count: 5,
+        unique_actors: Some(5),
+        value: 210.0,
+        created_at: T,
+    };
+    store.insert_metric_snapshots(WS, std::slice::from_ref(&snapshot)).await.unwrap();
+    assert_eq!(store.list_metric_snapshots(WS, 10).await.unwrap(), [snapshot]);
+    assert!(store.list_metric_snapshots(OTHER_WS, 10).await.unwrap().is_empty());
+}
+
+pub async fn businesses(store: &dyn Store) {
+    assert!(store.business_exists(WS, "default").await.unwrap());
+    assert!(store.business_exists(WS, "north").await.unwrap(), "registered by its events");
+    assert!(!store.business_exists(WS, "south").await.unwrap());
+    assert!(!store.business_exists(OTHER_WS, "north").await.unwrap());
+}
+
+pub async fn entities_and_relationships(store: &dyn Store) {
+    let entities = store.list_entities(WS, None, 10).await.unwrap();
+    assert_eq!(entities.len(), 1);
+    let spring = &entities[0];
+    assert_eq!((spring.kind.as_str(), spring.id.as_str()), ("campaign", "spring"));
+    assert_eq!(
+        spring.name.as_deref(),
+        Some("Spring sale"),
+        "a later event without a name keeps it"
+    );
+    assert_eq!(spring.properties, json!({"budget": 5}));
+    assert_eq!((spring.first_seen, spring.last_seen), (T + 5 * M, T + 7 * H));
+    assert!(store.list_entities(WS, Some("store"), 10).await.unwrap().is_empty());
+    assert!(store.list_entities(OTHER_WS, None, 10).await.unwrap().is_empty());
+
+    let edges = store.list_relationships(WS, Some(("ad", "ad-spring-1")), 10).await.unwrap();
+    let summary: Vec<(&str, &str, &str, u64)> = edges
+        .iter()
+        .map(|r| (r.from_id.as_str(), r.relation.as_str(), r.to_id.as_str(), r.count))
+        .collect();
+    assert_eq!(
+        summary,
+        [("user-4", "ad.click", "ad-spring-1", 1), ("user-1", "ad.click", "ad-spring-1", 1)]
+    );
+    let from_user1 = store.list_relationships(WS, Some(("user", "user-1")), 10).await.unwrap();
+    assert_eq!(from_user1.len(), 1);
+    assert_eq!(store.list_relationships(WS, None, 1).await.unwrap().len(), 1);
+    assert!(store.list_relationships(WS, Some(("user", "user-2")), 10).await.unwrap().is_empty());
+}
+
+/// Runs the whole suite against a backend: one test per case, each on a
+/// fresh store from `$open()` (an async fn returning `(store, guard)`).
+#[macro_export]
+macro_rules! store_conformance {
+    ($open:path) => {
+        $crate::store_conformance!(@cases $open;
+            totals, totals_at_unaligned_edges, series, funnel, attribution_first_touch,
+            attribution_last_touch, attribution_linear, period_diff, search, runs_and_actors,
+            proof_gaps, metric_definitions_and_snapshots, businesses, entities_and_relationships);
+    };
+    (@cases $open:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let (store, _guard) = $open().await;
+                $crate::store::conformance::load(&store).await;
+                $crate::store::conformance::$case(&store).await;
+            }
+        )*
+    };
+}

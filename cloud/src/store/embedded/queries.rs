@@ -1,0 +1,785 @@
+//! Queries of the embedded store (docs/queries.md): every aggregate is one
+//! SQL statement on a read connection.
+//!
+//! - Totals and series read whole hours from `event_counts_hourly` and only
+//!   the partial hours at the range's edges from `events`, so a 30-day
+//!   metric reads ~720 rollup rows per event name plus two hours of events.
+//! - Funnels and attribution follow each actor's events in time order:
+//!   [`journeys`](super::journeys).
+//! - Search goes through the trigram index `events_fts`; governed events
+//!   through their partial index.
+
+use async_trait::async_trait;
+use rusqlite::types::{ToSql, Value as SqlValue};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::events::HOUR_MS;
+use super::{EmbeddedStore, journeys, sql};
+use crate::error::{Error, Result};
+use crate::store::StoredEvent;
+use crate::store::queries::{
+    ActorActivity, Aggregation, Attribution, AttributionQuery, ConnectorLoad, Entity, EventTotals,
+    FunnelQuery, MetricDefinition, MetricSnapshot, QueryStore, RUN_PREFIXES, Range, Relationship,
+    RunQuery, RunSummary, SEARCH_COUNT_CAP, SearchQuery, SearchResult, SeriesPoint, SeriesQuery,
+    Totals, TotalsQuery, run_status,
+};
+
+/// A statement's text and its named parameters, built up from the filters
+/// present (fixed `:x IS NULL OR ...` arms would defeat the planner).
+#[derive(Default)]
+pub(super) struct Sql {
+    args: Vec<(String, SqlValue)>,
+}
+
+impl Sql {
+    pub(super) fn bind(&mut self, name: &str, value: impl Into<SqlValue>) {
+        if !self.args.iter().any(|(n, _)| n == name) {
+            self.args.push((name.to_owned(), value.into()));
+        }
+    }
+
+    pub(super) fn params(&self) -> Vec<(&str, &dyn ToSql)> {
+        self.args.iter().map(|(n, v)| (n.as_str(), v as &dyn ToSql)).collect()
+    }
+}
+
+pub(super) fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+pub(super) fn count(n: i64) -> u64 {
+    n.max(0) as u64
+}
+
+/// Splits `[from, to)` into whole hours `[h1, h2)` (hour numbers, for the
+/// rollup) and the ms edges around them (for `events`).
+struct Split {
+    hours: (i64, i64),
+    left: (i64, i64),
+    right: (i64, i64),
+}
+
+fn split(range: Range) -> Split {
+    let h1 = range.from.div_euclid(HOUR_MS) + i64::from(range.from.rem_euclid(HOUR_MS) != 0);
+    let h2 = range.to.div_euclid(HOUR_MS);
+    if h1 < h2 {
+        Split { hours: (h1, h2), left: (range.from, h1 * HOUR_MS), right: (h2 * HOUR_MS, range.to) }
+    } else {
+        Split { hours: (0, 0), left: (range.from, range.to), right: (range.to, range.to) }
+    }
+}
+
+/// The `parts(bucket, event, c, r)` rows of totals and series: rollup hours
+/// plus edge events, filtered by business and event.
+fn parts_sql(
+    q: &mut Sql,
+    range: Option<Range>,
+    business: Option<&str>,
+    event: Option<&str>,
+    bucket_ms: i64,
+) -> String {
+    let mut filter = String::new();
+    if let Some(b) = business {
+        filter.push_str(" AND business_id = :biz");
+        q.bind(":biz", b.to_owned());
+    }
+    if let Some(e) = event {
+        filter.push_str(" AND event = :event");
+        q.bind(":event", e.to_owned());
+    }
+    q.bind(":bucket", bucket_ms);
+    let rollup = format!(
+        "SELECT (hour * {HOUR_MS}) / :bucket * :bucket AS bucket, event, count AS c, revenue AS r
+         FROM event_counts_hourly WHERE workspace_id = :ws{filter}"
+    );
+    let Some(range) = range else {
+        return rollup;
+    };
+    let s = split(range);
+    q.bind(":h1", s.hours.0);
+    q.bind(":h2", s.hours.1);
+    q.bind(":l1", s.left.0);
+    q.bind(":l2", s.left.1);
+    q.bind(":r1", s.right.0);
+    q.bind(":r2", s.right.1);
+    let edge = |a: &str, b: &str| {
+        format!(
+            "SELECT ts / :bucket * :bucket, event, 1, coalesce(revenue, 0) FROM events
+             WHERE workspace_id = :ws{filter} AND ts >= {a} AND ts < {b}"
+        )
+    };
+    format!(
+        "{rollup} AND hour >= :h1 AND hour < :h2 UNION ALL {} UNION ALL {}",
+        edge(":l1", ":l2"),
+        edge(":r1", ":r2")
+    )
+}
+
+fn totals(conn: &Connection, ws: &str, query: &TotalsQuery) -> Result<Totals> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    let parts = parts_sql(
+        &mut q,
+        query.range,
+        query.business_id.as_deref(),
+        query.event.as_deref(),
+        HOUR_MS,
+    );
+    let text = format!(
+        "SELECT event, sum(c), sum(r) FROM ({parts}) GROUP BY event
+         ORDER BY sum(c) DESC, event"
+    );
+    let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+    let rows = stmt
+        .query_map(q.params().as_slice(), |r| {
+            Ok(EventTotals {
+                event_name: r.get(0)?,
+                count: count(r.get(1)?),
+                unique_actors: None,
+                revenue: r.get(2)?,
+            })
+        })
+        .map_err(sql)?;
+    let mut out = Totals::default();
+    for row in rows {
+        let row = row.map_err(sql)?;
+        out.total_events += row.count;
+        out.total_revenue += row.revenue;
+        if out.events.len() < query.limit {
+            out.events.push(row);
+        }
+    }
+    if query.unique_actors {
+        for row in &mut out.events {
+            row.unique_actors = Some(unique_actors(
+                conn,
+                ws,
+                &row.event_name,
+                query.range,
+                query.business_id.as_deref(),
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// Distinct actor ids of one event over the `events_event_ts` index.
+fn unique_actors(
+    conn: &Connection,
+    ws: &str,
+    event: &str,
+    range: Option<Range>,
+    business: Option<&str>,
+) -> Result<u64> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    q.bind(":event", event.to_owned());
+    let mut text = String::from(
+        "SELECT count(DISTINCT actor_id) FROM events WHERE workspace_id = :ws AND event = :event",
+    );
+    if let Some(r) = range {
+        text.push_str(" AND ts >= :from AND ts < :to");
+        q.bind(":from", r.from);
+        q.bind(":to", r.to);
+    }
+    if let Some(b) = business {
+        text.push_str(" AND business_id = :biz");
+        q.bind(":biz", b.to_owned());
+    }
+    conn.prepare_cached(&text)
+        .and_then(|mut s| s.query_row(q.params().as_slice(), |r| r.get::<_, i64>(0)))
+        .map(count)
+        .map_err(sql)
+}
+
+fn series(conn: &Connection, ws: &str, query: &SeriesQuery) -> Result<Vec<SeriesPoint>> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    let parts = parts_sql(
+        &mut q,
+        Some(query.range),
+        query.business_id.as_deref(),
+        query.event.as_deref(),
+        query.bucket_ms,
+    );
+    let (select, group) =
+        if query.by_event { ("event", "bucket, event") } else { ("NULL", "bucket") };
+    // Rollup hours are whole buckets only when the bucket is a whole number
+    // of hours (the API only asks for hours and days).
+    let text = format!(
+        "SELECT bucket, {select}, sum(c), sum(r) FROM ({parts}) GROUP BY {group} ORDER BY {group}"
+    );
+    let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+    let rows = stmt
+        .query_map(q.params().as_slice(), |r| {
+            Ok(SeriesPoint {
+                bucket: r.get(0)?,
+                event_name: r.get(1)?,
+                count: count(r.get(2)?),
+                revenue: r.get(3)?,
+            })
+        })
+        .map_err(sql)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+}
+
+/// An FTS5 phrase matching `text` literally (quotes doubled).
+fn fts_phrase(text: &str) -> String {
+    format!("\"{}\"", text.replace('"', "\"\""))
+}
+
+fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    q.bind(":match", fts_phrase(&query.text));
+    let mut filter = String::new();
+    if let Some(r) = query.range {
+        filter.push_str(" AND e.ts >= :from AND e.ts < :to");
+        q.bind(":from", r.from);
+        q.bind(":to", r.to);
+    }
+    if let Some(e) = &query.event {
+        filter.push_str(" AND e.event = :event");
+        q.bind(":event", e.clone());
+    }
+    if let Some(b) = &query.business_id {
+        filter.push_str(" AND e.business_id = :biz");
+        q.bind(":biz", b.clone());
+    }
+    // The index gives candidates of every workspace; the join keeps ours.
+    let from = format!(
+        "FROM events_fts AS f CROSS JOIN events AS e ON e.seq = f.rowid
+         WHERE f.body MATCH :match AND e.workspace_id = :ws{filter}"
+    );
+    let mut list = q.args.clone();
+    list.push((":limit".into(), int(query.limit).into()));
+    let list_params: Vec<(&str, &dyn ToSql)> =
+        list.iter().map(|(n, v)| (n.as_str(), v as &dyn ToSql)).collect();
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT e.id, e.received_at, e.envelope {from} ORDER BY e.ts DESC, e.seq DESC
+             LIMIT :limit"
+        ))
+        .map_err(sql)?;
+    let rows = stmt
+        .query_map(list_params.as_slice(), |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+        })
+        .map_err(sql)?;
+    let mut events = Vec::new();
+    for row in rows {
+        let (id, received_at, envelope) = row.map_err(sql)?;
+        let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
+        events.push(StoredEvent { id, received_at, envelope });
+    }
+    q.bind(":cap", i64::try_from(SEARCH_COUNT_CAP + 1).unwrap_or(i64::MAX));
+    let total = conn
+        .prepare_cached(&format!("SELECT count(*) FROM (SELECT 1 {from} LIMIT :cap)"))
+        .and_then(|mut s| s.query_row(q.params().as_slice(), |r| r.get::<_, i64>(0)))
+        .map(count)
+        .map_err(sql)?;
+    Ok(SearchResult {
+        events,
+        total: total.min(SEARCH_COUNT_CAP),
+        total_capped: total > SEARCH_COUNT_CAP,
+    })
+}
+
+fn run_filter() -> String {
+    let prefixes: Vec<String> = RUN_PREFIXES.iter().map(|p| format!("'{p}'")).collect();
+    format!("substr(event, 1, instr(event, '.')) IN ({})", prefixes.join(", "))
+}
+
+fn runs(conn: &Connection, ws: &str, query: &RunQuery) -> Result<Vec<RunSummary>> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    q.bind(":limit", int(query.limit));
+    let runs = run_filter();
+    let mut filter = String::new();
+    if let Some(r) = query.range {
+        filter.push_str(" AND ts >= :from AND ts < :to");
+        q.bind(":from", r.from);
+        q.bind(":to", r.to);
+    }
+    if let Some(b) = &query.business_id {
+        filter.push_str(" AND business_id = :biz");
+        q.bind(":biz", b.clone());
+    }
+    if let Some(t) = &query.trace_id {
+        filter.push_str(" AND trace_id = :trace");
+        q.bind(":trace", t.clone());
+    }
+    let having = match &query.actor_id {
+        Some(a) => {
+            q.bind(":actor", a.clone());
+            " HAVING max(actor_id = :actor) = 1"
+        }
+        None => "",
+    };
+    let text = format!(
+        "WITH agg AS (
+            SELECT trace_id, min(ts) AS started, max(ts) AS updated, count(*) AS n FROM events
+            WHERE workspace_id = :ws AND trace_id IS NOT NULL AND {runs}{filter}
+            GROUP BY trace_id{having} ORDER BY updated DESC, trace_id LIMIT :limit
+         )
+         SELECT agg.trace_id, agg.started, agg.updated, agg.n, last.event, last.actor_id
+         FROM agg JOIN events AS last ON last.seq = (
+            SELECT seq FROM events WHERE workspace_id = :ws AND trace_id = agg.trace_id
+                AND {runs}{filter}
+            ORDER BY ts DESC, seq DESC LIMIT 1)
+         ORDER BY agg.updated DESC, agg.trace_id"
+    );
+    let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+    let rows = stmt
+        .query_map(q.params().as_slice(), |r| {
+            let last_event: String = r.get(4)?;
+            Ok(RunSummary {
+                trace_id: r.get(0)?,
+                kind: last_event.split('.').next().unwrap_or_default().to_owned(),
+                started_at: r.get(1)?,
+                updated_at: r.get(2)?,
+                events: count(r.get(3)?),
+                status: run_status(&last_event).to_owned(),
+                last_event,
+                actor_id: r.get(5)?,
+            })
+        })
+        .map_err(sql)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+}
+
+fn actor_activity(
+    conn: &Connection,
+    ws: &str,
+    range: Range,
+    types: &[String],
+    actor: Option<&str>,
+    limit: usize,
+) -> Result<Vec<ActorActivity>> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    q.bind(":from", range.from);
+    q.bind(":to", range.to);
+    q.bind(":limit", int(limit));
+    let mut filter = String::new();
+    if !types.is_empty() {
+        let names: Vec<String> = (0..types.len()).map(|i| format!(":t{i}")).collect();
+        for (name, t) in names.iter().zip(types) {
+            q.bind(name, t.clone());
+        }
+        filter.push_str(&format!(" AND actor_type IN ({})", names.join(", ")));
+    }
+    if let Some(a) = actor {
+        filter.push_str(" AND actor_id = :actor");
+        q.bind(":actor", a.to_owned());
+    }
+    let text = format!(
+        "SELECT actor_type, actor_id, count(*), coalesce(sum(revenue), 0), min(ts), max(ts)
+         FROM events WHERE workspace_id = :ws AND ts >= :from AND ts < :to
+            AND actor_id IS NOT NULL{filter}
+         GROUP BY actor_type, actor_id ORDER BY count(*) DESC, actor_id LIMIT :limit"
+    );
+    let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+    let rows = stmt
+        .query_map(q.params().as_slice(), |r| {
+            Ok(ActorActivity {
+                actor_type: r.get(0)?,
+                actor_id: r.get(1)?,
+                events: count(r.get(2)?),
+                revenue: r.get(3)?,
+                first_seen: r.get(4)?,
+                last_seen: r.get(5)?,
+            })
+        })
+        .map_err(sql)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+}
+
+fn proof_gaps(
+    conn: &Connection,
+    ws: &str,
+    range: Range,
+    business: Option<&str>,
+    limit: usize,
+) -> Result<Vec<StoredEvent>> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    q.bind(":from", range.from);
+    q.bind(":to", range.to);
+    q.bind(":limit", int(limit));
+    let mut filter = String::new();
+    if let Some(b) = business {
+        filter.push_str(" AND business_id = :biz");
+        q.bind(":biz", b.to_owned());
+    }
+    let text = format!(
+        "SELECT id, received_at, envelope FROM events INDEXED BY events_decision
+         WHERE workspace_id = :ws AND ts >= :from AND ts < :to AND decision_id IS NOT NULL
+           AND trust_tier < 'T3' AND json_extract(envelope, '$.proofId') IS NULL{filter}
+         ORDER BY ts DESC, seq DESC LIMIT :limit"
+    );
+    let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+    let rows = stmt
+        .query_map(q.params().as_slice(), |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
+        })
+        .map_err(sql)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, received_at, envelope) = row.map_err(sql)?;
+        let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
+        out.push(StoredEvent { id, received_at, envelope });
+    }
+    Ok(out)
+}
+
+fn evaluate(
+    conn: &Connection,
+    ws: &str,
+    definition: &MetricDefinition,
+    range: Range,
+    business: Option<&str>,
+) -> Result<(u64, f64)> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    q.bind(":event", definition.event_name.clone());
+    q.bind(":from", range.from);
+    q.bind(":to", range.to);
+    let value = match (definition.aggregation, definition.property.as_deref()) {
+        (Aggregation::Count, _) => "count(*)".to_owned(),
+        (Aggregation::Unique, _) => "count(DISTINCT actor_id)".to_owned(),
+        (Aggregation::Sum, Some("revenue") | None) => "coalesce(sum(revenue), 0)".to_owned(),
+        (Aggregation::Sum, Some(property)) => {
+            q.bind(":path", format!("$.properties.\"{}\"", property.replace('"', "")));
+            "coalesce(sum(json_extract(envelope, :path)), 0)".to_owned()
+        }
+    };
+    let mut filter = String::new();
+    if let Some(b) = business {
+        filter.push_str(" AND business_id = :biz");
+        q.bind(":biz", b.to_owned());
+    }
+    let text = format!(
+        "SELECT count(*), {value} FROM events
+         WHERE workspace_id = :ws AND event = :event AND ts >= :from AND ts < :to{filter}"
+    );
+    conn.prepare_cached(&text)
+        .and_then(|mut s| {
+            s.query_row(q.params().as_slice(), |r| {
+                Ok((count(r.get::<_, i64>(0)?), r.get::<_, f64>(1)?))
+            })
+        })
+        .map_err(sql)
+}
+
+fn from_body<T: serde::de::DeserializeOwned>(body: &str) -> Result<T> {
+    serde_json::from_str(body).map_err(Error::internal)
+}
+
+#[async_trait]
+impl QueryStore for EmbeddedStore {
+    async fn event_totals(&self, ws: &str, query: &TotalsQuery) -> Result<Totals> {
+        let (ws, query) = (ws.to_owned(), query.clone());
+        self.read(move |conn| totals(conn, &ws, &query)).await
+    }
+
+    async fn event_series(&self, ws: &str, query: &SeriesQuery) -> Result<Vec<SeriesPoint>> {
+        let (ws, query) = (ws.to_owned(), query.clone());
+        self.read(move |conn| series(conn, &ws, &query)).await
+    }
+
+    async fn funnel(&self, ws: &str, query: &FunnelQuery) -> Result<Vec<u64>> {
+        let (ws, query) = (ws.to_owned(), query.clone());
+        self.read(move |conn| journeys::funnel(conn, &ws, &query)).await
+    }
+
+    async fn attribution(&self, ws: &str, query: &AttributionQuery) -> Result<Attribution> {
+        let (ws, query) = (ws.to_owned(), query.clone());
+        self.read(move |conn| journeys::attribution(conn, &ws, &query)).await
+    }
+
+    async fn search_events(&self, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
+        let (ws, query) = (ws.to_owned(), query.clone());
+        self.read(move |conn| search(conn, &ws, &query)).await
+    }
+
+    async fn runs(&self, ws: &str, query: &RunQuery) -> Result<Vec<RunSummary>> {
+        let (ws, query) = (ws.to_owned(), query.clone());
+        self.read(move |conn| runs(conn, &ws, &query)).await
+    }
+
+    async fn actor_activity(
+        &self,
+        ws: &str,
+        range: Range,
+        types: &[&str],
+        actor_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<ActorActivity>> {
+        let ws = ws.to_owned();
+        let types: Vec<String> = types.iter().map(|t| (*t).to_owned()).collect();
+        let actor = actor_id.map(str::to_owned);
+        self.read(move |conn| actor_activity(conn, &ws, range, &types, actor.as_deref(), limit))
+            .await
+    }
+
+    async fn proof_gaps(
+        &self,
+        ws: &str,
+        range: Range,
+        business_id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>> {
+        let (ws, business) = (ws.to_owned(), business_id.map(str::to_owned));
+        self.read(move |conn| proof_gaps(conn, &ws, range, business.as_deref(), limit)).await
+    }
+
+    async fn connector_loads(&self, ws: &str, since: i64) -> Result<Vec<ConnectorLoad>> {
+        let ws = ws.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT provider, count(*), sum(received), sum(ingested), sum(updated),
+                        sum(rejected), max(created_at)
+                     FROM connector_syncs WHERE workspace_id = ?1 AND created_at >= ?2
+                     GROUP BY provider ORDER BY provider",
+                )
+                .map_err(sql)?;
+            let rows = stmt
+                .query_map(params![ws, since], |r| {
+                    Ok(ConnectorLoad {
+                        provider: r.get(0)?,
+                        syncs: count(r.get(1)?),
+                        received: count(r.get(2)?),
+                        ingested: count(r.get(3)?),
+                        updated: count(r.get(4)?),
+                        rejected: count(r.get(5)?),
+                        last_sync_at: r.get(6)?,
+                    })
+                })
+                .map_err(sql)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+        })
+        .await
+    }
+
+    async fn business_exists(&self, ws: &str, business_id: &str) -> Result<bool> {
+        let (ws, id) = (ws.to_owned(), business_id.to_owned());
+        self.read(move |conn| {
+            conn.query_row(
+                "SELECT 1 FROM businesses WHERE workspace_id = ?1 AND id = ?2",
+                params![ws, id],
+                |_| Ok(()),
+            )
+            .optional()
+            .map(|found| found.is_some())
+            .map_err(sql)
+        })
+        .await
+    }
+
+    async fn list_entities(
+        &self,
+        ws: &str,
+        kind: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Entity>> {
+        let (ws, kind) = (ws.to_owned(), kind.map(str::to_owned));
+        self.read(move |conn| {
+            let mut q = Sql::default();
+            q.bind(":ws", ws);
+            q.bind(":limit", int(limit));
+            let mut filter = String::new();
+            if let Some(k) = kind {
+                filter.push_str(" AND type = :kind");
+                q.bind(":kind", k);
+            }
+            let text = format!(
+                "SELECT type, id, name, properties, first_seen, last_seen FROM entities
+                 WHERE workspace_id = :ws{filter}
+                 ORDER BY last_seen DESC, type, id LIMIT :limit"
+            );
+            let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+            let rows = stmt
+                .query_map(q.params().as_slice(), |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, Option<String>>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                })
+                .map_err(sql)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (kind, id, name, properties, first_seen, last_seen) = row.map_err(sql)?;
+                let properties = serde_json::from_str(&properties).map_err(Error::internal)?;
+                out.push(Entity { kind, id, name, properties, first_seen, last_seen });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn list_relationships(
+        &self,
+        ws: &str,
+        node: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<Relationship>> {
+        let ws = ws.to_owned();
+        let node = node.map(|(t, i)| (t.to_owned(), i.to_owned()));
+        self.read(move |conn| {
+            let mut q = Sql::default();
+            q.bind(":ws", ws);
+            q.bind(":limit", int(limit));
+            let mut filter = String::new();
+            if let Some((t, i)) = node {
+                filter.push_str(
+                    " AND ((from_type = :nt AND from_id = :ni) OR (to_type = :nt AND to_id = :ni))",
+                );
+                q.bind(":nt", t);
+                q.bind(":ni", i);
+            }
+            let text = format!(
+                "SELECT from_type, from_id, relation, to_type, to_id, count, first_seen, last_seen
+                 FROM relationships WHERE workspace_id = :ws{filter}
+                 ORDER BY last_seen DESC, from_type, from_id, relation, to_type, to_id
+                 LIMIT :limit"
+            );
+            let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+            let rows = stmt
+                .query_map(q.params().as_slice(), |r| {
+                    Ok(Relationship {
+                        from_type: r.get(0)?,
+                        from_id: r.get(1)?,
+                        relation: r.get(2)?,
+                        to_type: r.get(3)?,
+                        to_id: r.get(4)?,
+                        count: count(r.get(5)?),
+                        first_seen: r.get(6)?,
+                        last_seen: r.get(7)?,
+                    })
+                })
+                .map_err(sql)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+        })
+        .await
+    }
+
+    async fn insert_metric_definition(
+        &self,
+        ws: &str,
+        definition: &MetricDefinition,
+    ) -> Result<()> {
+        let ws = ws.to_owned();
+        let body = serde_json::to_string(definition).map_err(Error::internal)?;
+        let (id, created_at) = (definition.id.clone(), definition.created_at);
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT INTO metric_definitions (workspace_id, id, created_at, body)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![ws, id, created_at, body],
+            )
+            .map(drop)
+            .map_err(sql)
+        })
+        .await
+    }
+
+    async fn list_metric_definitions(
+        &self,
+        ws: &str,
+        limit: usize,
+    ) -> Result<Vec<MetricDefinition>> {
+        let ws = ws.to_owned();
+        self.read(move |conn| list_bodies(conn, "metric_definitions", &ws, limit)).await
+    }
+
+    async fn evaluate_metric(
+        &self,
+        ws: &str,
+        definition: &MetricDefinition,
+        range: Range,
+        business_id: Option<&str>,
+    ) -> Result<(u64, f64)> {
+        let (ws, definition) = (ws.to_owned(), definition.clone());
+        let business = business_id.map(str::to_owned);
+        self.read(move |conn| evaluate(conn, &ws, &definition, range, business.as_deref())).await
+    }
+
+    async fn insert_metric_snapshots(&self, ws: &str, snapshots: &[MetricSnapshot]) -> Result<()> {
+        let ws = ws.to_owned();
+        let rows = snapshots
+            .iter()
+            .map(|s| Ok((s.id.clone(), s.created_at, serde_json::to_string(s)?)))
+            .collect::<serde_json::Result<Vec<_>>>()
+            .map_err(Error::internal)?;
+        self.write(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "INSERT INTO metric_snapshots (workspace_id, id, created_at, body)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(sql)?;
+            for (id, created_at, body) in rows {
+                stmt.execute(params![ws, id, created_at, body]).map_err(sql)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_metric_snapshots(&self, ws: &str, limit: usize) -> Result<Vec<MetricSnapshot>> {
+        let ws = ws.to_owned();
+        self.read(move |conn| list_bodies(conn, "metric_snapshots", &ws, limit)).await
+    }
+}
+
+/// Newest first from a `(workspace_id, id, created_at, body)` table.
+fn list_bodies<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    table: &str,
+    ws: &str,
+    limit: usize,
+) -> Result<Vec<T>> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT body FROM {table} WHERE workspace_id = ?1
+             ORDER BY created_at DESC, id DESC LIMIT ?2"
+        ))
+        .map_err(sql)?;
+    let rows = stmt.query_map(params![ws, int(limit)], |r| r.get::<_, String>(0)).map_err(sql)?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(from_body(&row.map_err(sql)?)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_whole_hours_for_the_rollup_and_edges_for_events() {
+        let h = HOUR_MS;
+        let s = split(Range { from: 10 * h + 5, to: 13 * h + 7 });
+        assert_eq!(s.hours, (11, 13));
+        assert_eq!(s.left, (10 * h + 5, 11 * h));
+        assert_eq!(s.right, (13 * h, 13 * h + 7));
+        let s = split(Range { from: 10 * h, to: 12 * h });
+        assert_eq!((s.hours, s.left.0 == s.left.1, s.right.0 == s.right.1), ((10, 12), true, true));
+        // Inside one hour: no rollup at all.
+        let s = split(Range { from: 10 * h + 1, to: 10 * h + 9 });
+        assert_eq!(s.hours, (0, 0));
+        assert_eq!(s.left, (10 * h + 1, 10 * h + 9));
+    }
+
+    #[test]
+    fn fts_phrase_doubles_quotes() {
+        assert_eq!(fts_phrase(r#"a"b"#), r#""a""b""#);
+    }
+}

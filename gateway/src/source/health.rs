@@ -1,0 +1,254 @@
+//! What every source counts: connected or not, last message time,
+//! accepted, rejected by reason, dropped, clock corrections. Read by
+//! `/health` ([`SourceSet::to_json`]) and `/metrics` ([`SourceCollector`]),
+//! so both always agree.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use serde_json::{Value, json};
+
+/// One source's counters.
+#[derive(Debug)]
+pub struct SourceHealth {
+    pub name: String,
+    pub kind: &'static str,
+    connected: AtomicBool,
+    /// Ms since the epoch of the last message received; 0 = none yet.
+    last_message_ms: AtomicI64,
+    received: AtomicU64,
+    accepted: AtomicU64,
+    dropped: AtomicU64,
+    clock_skew: AtomicU64,
+    throttled: AtomicU64,
+    rejected: Mutex<BTreeMap<&'static str, u64>>,
+    last_error: Mutex<Option<String>>,
+    /// Ms since the epoch of the last rejection logged as a warning.
+    last_warning_ms: AtomicI64,
+}
+
+impl SourceHealth {
+    pub fn new(name: &str, kind: &'static str) -> Self {
+        SourceHealth {
+            name: name.to_owned(),
+            kind,
+            connected: AtomicBool::new(false),
+            last_message_ms: AtomicI64::new(0),
+            received: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            clock_skew: AtomicU64::new(0),
+            throttled: AtomicU64::new(0),
+            rejected: Mutex::new(BTreeMap::new()),
+            last_error: Mutex::new(None),
+            last_warning_ms: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    pub fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Ordering::Relaxed);
+    }
+
+    /// The last connection error (kept after reconnecting, for
+    /// diagnosis).
+    pub fn set_error(&self, error: String) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// A message arrived at `now_ms`.
+    pub fn received(&self, now_ms: i64) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+        self.last_message_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    /// `n` events became durable.
+    pub fn accepted(&self, n: u64) {
+        self.accepted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` events were given up after they mapped (the buffer refused them
+    /// for good); logged where it happens.
+    pub fn dropped(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// An event got the receive time instead of the device's.
+    pub fn clock_skewed(&self) {
+        self.clock_skew.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A message held back by its rule's throttle (acknowledged, not stored).
+    pub fn throttled(&self) {
+        self.throttled.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether a rejection at `now_ms` may be logged as a warning: at most
+    /// one a second per source.
+    pub fn may_warn(&self, now_ms: i64) -> bool {
+        let last = self.last_warning_ms.load(Ordering::Relaxed);
+        now_ms.saturating_sub(last) >= 1000
+            && self
+                .last_warning_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// A message did not become an event, for `reason`.
+    pub fn rejected(&self, reason: &'static str) {
+        let mut rejected = self.rejected.lock().unwrap_or_else(|e| e.into_inner());
+        *rejected.entry(reason).or_default() += 1;
+    }
+
+    fn rejected_by_reason(&self) -> BTreeMap<&'static str, u64> {
+        self.rejected.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The `/health` entry.
+    pub fn to_json(&self) -> Value {
+        let rejected = self.rejected_by_reason();
+        let last = self.last_message_ms.load(Ordering::Relaxed);
+        json!({
+            "name": self.name,
+            "kind": self.kind,
+            "connected": self.connected(),
+            "last_message_ms": (last > 0).then_some(last),
+            "received_total": self.received.load(Ordering::Relaxed),
+            "accepted_total": self.accepted.load(Ordering::Relaxed),
+            "rejected_total": rejected.values().sum::<u64>(),
+            "rejected": rejected,
+            "dropped_total": self.dropped.load(Ordering::Relaxed),
+            "clock_skew_total": self.clock_skew.load(Ordering::Relaxed),
+            "throttled_total": self.throttled.load(Ordering::Relaxed),
+            "last_error": self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        })
+    }
+}
+
+/// Every source's counters.
+#[derive(Debug, Default)]
+pub struct SourceSet {
+    sources: Vec<Arc<SourceHealth>>,
+}
+
+impl SourceSet {
+    pub fn new(sources: Vec<Arc<SourceHealth>>) -> Self {
+        SourceSet { sources }
+    }
+
+    /// `/health`'s `sources` array.
+    pub fn to_json(&self) -> Value {
+        Value::Array(self.sources.iter().map(|s| s.to_json()).collect())
+    }
+
+    /// Whether any source is not connected to its device or broker.
+    pub fn any_disconnected(&self) -> bool {
+        self.sources.iter().any(|s| !s.connected())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    source: String,
+    kind: String,
+    reason: String,
+}
+
+/// A metric's name, help and how to read it from a source.
+type Metric<T> = (&'static str, &'static str, fn(&SourceHealth) -> T);
+
+/// Reads every [`SourceHealth`] at scrape time.
+#[derive(Debug)]
+pub struct SourceCollector(pub Arc<SourceSet>);
+
+impl Collector for SourceCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let sources = &self.0.sources;
+        if sources.is_empty() {
+            return Ok(());
+        }
+        let labels =
+            |s: &SourceHealth| SourceLabels { source: s.name.clone(), kind: s.kind.into() };
+        let gauges: [Metric<i64>; 2] = [
+            ("source_connected", "1 while the source is connected to its device or broker", |s| {
+                i64::from(s.connected())
+            }),
+            ("source_last_message_ms", "Time of the last message, ms since the epoch", |s| {
+                s.last_message_ms.load(Ordering::Relaxed)
+            }),
+        ];
+        for (name, help, read) in gauges {
+            let gauge = ConstGauge::new(0i64);
+            let mut family = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            for s in sources {
+                ConstGauge::new(read(s)).encode(family.encode_family(&labels(s))?)?;
+            }
+        }
+        let counters: [Metric<u64>; 5] = [
+            ("source_received", "Messages received", |s| s.received.load(Ordering::Relaxed)),
+            ("source_accepted", "Events appended durably", |s| s.accepted.load(Ordering::Relaxed)),
+            ("source_dropped", "Mapped events the buffer refused for good", |s| {
+                s.dropped.load(Ordering::Relaxed)
+            }),
+            ("source_clock_skew", "Events whose device time was replaced", |s| {
+                s.clock_skew.load(Ordering::Relaxed)
+            }),
+            ("source_throttled", "Messages held back by a rule's throttle", |s| {
+                s.throttled.load(Ordering::Relaxed)
+            }),
+        ];
+        for (name, help, read) in counters {
+            let counter = ConstCounter::new(0u64);
+            let mut family = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            for s in sources {
+                ConstCounter::new(read(s)).encode(family.encode_family(&labels(s))?)?;
+            }
+        }
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "source_rejected",
+            "Messages that did not become events, by reason",
+            None,
+            counter.metric_type(),
+        )?;
+        for s in sources {
+            for (reason, n) in s.rejected_by_reason() {
+                let labels = ReasonLabels {
+                    source: s.name.clone(),
+                    kind: s.kind.into(),
+                    reason: reason.into(),
+                };
+                ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejections_warn_at_most_once_a_second() {
+        let health = SourceHealth::new("s", "mqtt");
+        assert!(health.may_warn(10_000));
+        assert!(!health.may_warn(10_500));
+        assert!(health.may_warn(11_000));
+        assert!(!health.may_warn(11_999));
+    }
+}

@@ -1,0 +1,154 @@
+//! Telemetry throttling for a mapping rule: deadbands and rate limits.
+//!
+//! Robots and sensors report their state many times a second while little
+//! changes. A rule with a `throttle` table lets a message through (per
+//! topic, so per device when the topic names it) when it is the first, when
+//! `max_interval` passed since the last one let through (a heartbeat), or
+//! when at least `min_interval` passed and a property changed: a number by
+//! at least its `deadband`, anything else by any difference. Held-back
+//! messages are acknowledged and counted as `throttled`, never stored.
+//! I/O-free: times are passed in.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// `[sources.mqtt.rules.throttle]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleConfig {
+    /// Changes closer together than this wait. Default `0s`.
+    #[serde(default, with = "humantime_serde")]
+    pub min_interval: Duration,
+    /// A message gets through at least this often, changed or not
+    /// (a heartbeat). Default: never without a change.
+    #[serde(default, with = "humantime_serde::option")]
+    pub max_interval: Option<Duration>,
+    /// Smallest move of a numeric property that counts as a change, by
+    /// property name. Properties not named change on any difference.
+    #[serde(default)]
+    pub deadband: BTreeMap<String, f64>,
+}
+
+impl ThrottleConfig {
+    pub fn problems(&self, path: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (name, band) in &self.deadband {
+            if band.is_nan() || *band < 0.0 {
+                problems.push(format!("{path}.deadband.{name}: must be 0 or more"));
+            }
+        }
+        if self.max_interval.is_some_and(|max| max < self.min_interval) {
+            problems.push(format!("{path}.max_interval: must not be shorter than min_interval"));
+        }
+        problems
+    }
+}
+
+/// What was last let through, per key.
+#[derive(Debug, Default)]
+pub struct ThrottleState {
+    last: HashMap<String, (i64, Map<String, Value>)>,
+}
+
+/// Keys remembered at once; beyond it the memory starts over (a burst of
+/// messages gets through rather than memory growing without bound).
+const MAX_KEYS: usize = 100_000;
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl ThrottleState {
+    /// Whether a message with `properties` under `key` at `now_ms` gets
+    /// through; remembers it when it does.
+    pub fn admit(
+        &mut self,
+        config: &ThrottleConfig,
+        key: &str,
+        properties: &Map<String, Value>,
+        now_ms: i64,
+    ) -> bool {
+        let through = match self.last.get(key) {
+            None => true,
+            Some((at, last)) => {
+                let elapsed = now_ms.saturating_sub(*at);
+                let heartbeat = config.max_interval.is_some_and(|max| elapsed >= ms(max));
+                heartbeat
+                    || (elapsed >= ms(config.min_interval) && changed(last, properties, config))
+            }
+        };
+        if through {
+            if self.last.len() >= MAX_KEYS && !self.last.contains_key(key) {
+                self.last.clear();
+            }
+            self.last.insert(key.to_owned(), (now_ms, properties.clone()));
+        }
+        through
+    }
+}
+
+fn changed(last: &Map<String, Value>, now: &Map<String, Value>, config: &ThrottleConfig) -> bool {
+    let keys = last.keys().chain(now.keys());
+    keys.into_iter().any(|k| {
+        let (a, b) = (last.get(k), now.get(k));
+        match (a.and_then(Value::as_f64), b.and_then(Value::as_f64), config.deadband.get(k)) {
+            (Some(a), Some(b), Some(band)) => (a - b).abs() >= *band && a != b,
+            _ => a != b,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn props(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn deadbands_rate_limits_and_heartbeats() {
+        let config: ThrottleConfig = toml::from_str(
+            "min_interval = \"1s\"\nmax_interval = \"10s\"\ndeadband = { battery = 0.05, x = 0.5 }\n",
+        )
+        .unwrap();
+        assert!(config.problems("t").is_empty());
+        let mut s = ThrottleState::default();
+        let at = |battery: f64, x: f64, state: &str| {
+            props(json!({"battery": battery, "x": x, "state": state}))
+        };
+        assert!(s.admit(&config, "r1", &at(0.90, 0.0, "moving"), 0), "the first gets through");
+        assert!(!s.admit(&config, "r1", &at(0.89, 0.4, "moving"), 2_000), "within the deadbands");
+        assert!(!s.admit(&config, "r1", &at(0.80, 0.0, "moving"), 500), "a change, but too soon");
+        assert!(s.admit(&config, "r1", &at(0.84, 0.0, "moving"), 1_000), "battery moved 0.06");
+        assert!(s.admit(&config, "r1", &at(0.84, 0.0, "charging"), 2_000), "state changed");
+        assert!(s.admit(&config, "r2", &at(0.84, 0.0, "charging"), 2_000), "another key");
+        assert!(!s.admit(&config, "r1", &at(0.84, 0.1, "charging"), 11_999));
+        assert!(s.admit(&config, "r1", &at(0.84, 0.1, "charging"), 12_000), "heartbeat");
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let config: ThrottleConfig = toml::from_str(
+            "min_interval = \"5s\"\nmax_interval = \"1s\"\ndeadband = { x = -1.0 }\n",
+        )
+        .unwrap();
+        let problems = config.problems("rules[0].throttle");
+        assert!(
+            problems.iter().any(|p| p.starts_with("rules[0].throttle.deadband.x:")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.starts_with("rules[0].throttle.max_interval:")),
+            "{problems:?}"
+        );
+    }
+}

@@ -1,0 +1,485 @@
+//! MQTT ingest endpoint: devices publish straight to the gateway, which
+//! answers each QoS 1 PUBLISH with its PUBACK only after the event is
+//! durable in the buffer. No broker sits in between, so a crash can never
+//! lose an acknowledged message (unlike the embedded rumqttd broker, which
+//! acknowledges on receipt and keeps messages in memory).
+//!
+//! It is not a broker: MQTT 3.1.1 devices connect, log in and publish
+//! (QoS 0 or 1); subscriptions are refused (SUBACK failure), QoS 2 closes
+//! the connection. One task per connection; each read from the socket is
+//! mapped and appended as one batch, then acknowledged in order, so a
+//! device that keeps many messages in flight gets them stored together.
+//! Packets are framed by rumqttc's 3.1.1 codec; TLS (optional) is rustls
+//! on ring.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::BytesMut;
+use bytesize::ByteSize;
+use rumqttc::mqttbytes::v4::{
+    ConnAck, ConnectReturnCode, Packet, PubAck, SubAck, SubscribeReasonCode, UnsubAck,
+};
+use rumqttc::mqttbytes::{Error as CodecError, Protocol, QoS};
+use rumqttc::tokio_rustls::TlsAcceptor;
+use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::process;
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
+use crate::source::mapping::{RuleConfig, RuleSet};
+use crate::source::{Intake, Source};
+
+/// How long a device may leave our acknowledgements unread.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes read from a connection at a time.
+const READ_CHUNK: usize = 64 * 1024;
+/// Bytes already arrived that one batch takes at most (plus a chunk).
+const READ_AHEAD: usize = 1024 * 1024;
+
+/// One `[[sources.mqtt_ingest]]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttIngestConfig {
+    /// Name in health, metrics and logs. Required, unique.
+    pub name: String,
+    /// Where devices connect (MQTT 3.1.1, plain TCP). Default
+    /// `127.0.0.1:1883`; port 0 picks a free port, printed as `listening
+    /// mqtt-<name>=ADDR`.
+    pub listen: SocketAddr,
+    /// Device logins, user name to password. Empty (default): anonymous
+    /// devices are accepted; keep the port on a trusted network then.
+    pub users: BTreeMap<String, String>,
+    /// PEM certificate chain and private key: devices then connect with
+    /// TLS (1.2 or 1.3, rustls on ring). Both or neither; neither (default):
+    /// plain TCP.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// Most device connections at once; more are closed at once. Default
+    /// 1000.
+    pub max_connections: usize,
+    /// Largest packet accepted; a larger one closes the connection. Default
+    /// `1MiB`.
+    pub max_payload: ByteSize,
+    /// Time a new connection has to send CONNECT. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Most messages of one connection mapped and appended at once.
+    /// Default 1000.
+    pub batch_max: usize,
+    /// See `[[sources.mqtt]]`: device times further off are replaced.
+    /// Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
+    /// Mapping rules, first match wins.
+    pub rules: Vec<RuleConfig>,
+}
+
+impl Default for MqttIngestConfig {
+    fn default() -> Self {
+        MqttIngestConfig {
+            name: String::new(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 1883)),
+            users: BTreeMap::new(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            max_connections: 1000,
+            max_payload: ByteSize::mib(1),
+            connect_timeout: Duration::from_secs(5),
+            batch_max: 1000,
+            max_clock_skew: Duration::from_secs(30),
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl MqttIngestConfig {
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.name.trim().is_empty() || self.name.len() > 100 {
+            problems.push("name: required, at most 100 bytes".to_owned());
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            problems.push("tls_cert_file: needs tls_key_file, and the other way round".to_owned());
+        }
+        if self.max_connections == 0 {
+            problems.push("max_connections: must be at least 1".to_owned());
+        }
+        if self.max_payload.as_u64() < 1024 || self.max_payload.as_u64() > 256 * 1024 * 1024 {
+            problems.push("max_payload: must be 1KiB to 256MiB".to_owned());
+        }
+        if self.connect_timeout.is_zero() || self.connect_timeout > Duration::from_secs(60) {
+            problems.push("connect_timeout: must be 1ms to 60s".to_owned());
+        }
+        if !(1..=10_000).contains(&self.batch_max) {
+            problems.push("batch_max: must be 1 to 10000".to_owned());
+        }
+        if self.rules.is_empty() {
+            problems.push("rules: at least one rule is needed".to_owned());
+        }
+        if let Err(rules) = RuleSet::compile(&self.rules, "rules") {
+            problems.extend(rules);
+        }
+        problems
+    }
+}
+
+/// The endpoint, bound and ready to run.
+pub struct MqttIngestSource {
+    name: String,
+    listener: std::net::TcpListener,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    max_connections: usize,
+    tls: Option<TlsAcceptor>,
+}
+
+/// What every connection task reads.
+struct Shared {
+    rules: RuleSet,
+    users: BTreeMap<String, String>,
+    max_packet: usize,
+    connect_timeout: Duration,
+    batch_max: usize,
+}
+
+impl MqttIngestSource {
+    /// Compiles the rules and binds the port (a taken port is an error
+    /// now, naming `path.listen`).
+    pub fn build(config: &MqttIngestConfig, path: &str) -> Result<MqttIngestSource> {
+        let rules = RuleSet::compile(&config.rules, "rules").map_err(|p| Error::InvalidConfig {
+            problems: p.into_iter().map(|p| format!("{path}.{p}")).collect(),
+        })?;
+        let key: &'static str = "sources.mqtt_ingest.listen";
+        let listen_error = |source| Error::Listen { key, addr: config.listen, source };
+        let listener = std::net::TcpListener::bind(config.listen).map_err(listen_error)?;
+        listener.set_nonblocking(true).map_err(listen_error)?;
+        let addr = listener.local_addr().map_err(listen_error)?;
+        let max_packet = usize::try_from(config.max_payload.as_u64()).unwrap_or(usize::MAX);
+        let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+            (Some(cert), Some(key)) => Some(
+                acceptor(cert, key)
+                    .map_err(|p| Error::InvalidConfig { problems: vec![format!("{path}.{p}")] })?,
+            ),
+            _ => None,
+        };
+        Ok(MqttIngestSource {
+            tls,
+            name: config.name.clone(),
+            listener,
+            addr,
+            max_connections: config.max_connections,
+            shared: Arc::new(Shared {
+                rules,
+                users: config.users.clone(),
+                max_packet: max_packet.saturating_add(1024),
+                connect_timeout: config.connect_timeout,
+                batch_max: config.batch_max,
+            }),
+        })
+    }
+}
+
+/// A TLS acceptor for the certificate chain and key files; problems as
+/// `key: reason`.
+fn acceptor(cert: &Path, key: &Path) -> std::result::Result<TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<std::result::Result<_, _>>())
+        .map_err(|e| format!("tls_cert_file: {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("tls_cert_file: {}: no PEM certificate", cert.display()));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("tls_key_file: {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls_cert_file: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key_der)
+        .map_err(|e| format!("tls_key_file: {e}"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+impl MqttIngestSource {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+#[async_trait]
+impl Source for MqttIngestSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "mqtt_ingest"
+    }
+
+    async fn run(self: Box<Self>, intake: Intake, shutdown: CancellationToken) -> Result<()> {
+        let key: &'static str = "sources.mqtt_ingest.listen";
+        let listener = TcpListener::from_std(self.listener).map_err(|source| Error::Listen {
+            key,
+            addr: self.addr,
+            source,
+        })?;
+        let slots = Arc::new(Semaphore::new(self.max_connections));
+        let connections = TaskTracker::new();
+        intake.health().set_connected(true);
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = shutdown.cancelled() => break,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause, go on.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                tracing::warn!(%peer, "too many device connections: closed");
+                continue;
+            };
+            let (shared, intake, stop) =
+                (Arc::clone(&self.shared), intake.clone(), shutdown.clone());
+            let tls = self.tls.clone();
+            connections.spawn(async move {
+                let _slot = slot;
+                let served = match tls {
+                    None => serve(stream, &shared, &intake, &stop).await,
+                    Some(tls) => {
+                        let handshake =
+                            tokio::time::timeout(shared.connect_timeout, tls.accept(stream));
+                        match handshake.await {
+                            Ok(Ok(stream)) => serve(stream, &shared, &intake, &stop).await,
+                            Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
+                            Err(_) => Err("no TLS handshake in time".to_owned()),
+                        }
+                    }
+                };
+                if let Err(reason) = served {
+                    tracing::info!(%peer, %reason, "device connection closed");
+                }
+            });
+        }
+        connections.close();
+        connections.wait().await;
+        intake.health().set_connected(false);
+        Ok(())
+    }
+}
+
+/// Reads until one packet is complete.
+async fn read_packet(
+    stream: &mut (impl AsyncRead + Unpin),
+    buf: &mut BytesMut,
+    max: usize,
+) -> std::result::Result<Packet, String> {
+    loop {
+        match Packet::read(buf, max) {
+            Ok(packet) => return Ok(packet),
+            Err(CodecError::InsufficientBytes(_)) => {}
+            Err(e) => return Err(format!("malformed packet: {e}")),
+        }
+        if stream.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
+            return Err("closed before CONNECT".to_owned());
+        }
+    }
+}
+
+fn write(out: &mut BytesMut, packet: Packet) {
+    // Our own small packets always fit.
+    let _ = packet.write(out, usize::MAX);
+}
+
+/// Writes `out` and empties it; a device that stops reading for
+/// [`WRITE_TIMEOUT`] is dropped, and so is every device at shutdown.
+async fn send(
+    stream: &mut (impl AsyncWrite + Unpin),
+    out: &mut BytesMut,
+    shutdown: &CancellationToken,
+) -> std::result::Result<(), String> {
+    tokio::select! {
+        written = tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(out)) => match written {
+            Ok(result) => result.map_err(|e| e.to_string())?,
+            Err(_) => return Err("the device stopped reading".to_owned()),
+        },
+        () = shutdown.cancelled() => return Err("shutting down".to_owned()),
+    }
+    out.clear();
+    Ok(())
+}
+
+/// Compares without an early exit on the first difference.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One device connection, until it closes, misbehaves or shutdown.
+async fn serve(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    shared: &Shared,
+    intake: &Intake,
+    shutdown: &CancellationToken,
+) -> std::result::Result<(), String> {
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let mut out = BytesMut::with_capacity(1024);
+    let first = tokio::time::timeout(
+        shared.connect_timeout,
+        read_packet(&mut stream, &mut buf, shared.max_packet),
+    )
+    .await
+    .map_err(|_| "no CONNECT in time".to_owned())??;
+    let Packet::Connect(connect) = first else {
+        return Err("the first packet was not CONNECT".to_owned());
+    };
+    let refuse = |code| Packet::ConnAck(ConnAck::new(code, false));
+    let allowed = shared.users.is_empty()
+        || connect.login.as_ref().is_some_and(|login| {
+            shared.users.get(&login.username).is_some_and(|p| same(p, &login.password))
+        });
+    let answer = if connect.protocol != Protocol::V4 {
+        refuse(ConnectReturnCode::RefusedProtocolVersion)
+    } else if !allowed {
+        refuse(ConnectReturnCode::BadUserNamePassword)
+    } else {
+        // No session state is kept here; claiming the session makes a
+        // persistent client send its unacknowledged messages again.
+        Packet::ConnAck(ConnAck::new(ConnectReturnCode::Success, !connect.clean_session))
+    };
+    let accepted = matches!(&answer, Packet::ConnAck(a) if a.code == ConnectReturnCode::Success);
+    write(&mut out, answer);
+    send(&mut stream, &mut out, shutdown).await?;
+    if !accepted {
+        return Err(format!("login refused for client {:?}", connect.client_id));
+    }
+    // The device must speak within 1.5 keep-alive intervals.
+    let idle = (connect.keep_alive > 0)
+        .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut publishes = Vec::new();
+    loop {
+        // A batch that stopped at batch_max leaves whole packets behind:
+        // handle them before waiting for more.
+        let complete = match rumqttc::mqttbytes::check(buf.iter(), shared.max_packet) {
+            Ok(_) => true,
+            Err(CodecError::InsufficientBytes(_)) => false,
+            Err(e) => {
+                intake.health().rejected("malformed_packet");
+                return Err(format!("malformed packet: {e}"));
+            }
+        };
+        buf.reserve(READ_CHUNK);
+        let read = async {
+            if complete {
+                return Ok(usize::MAX);
+            }
+            match idle {
+                Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut buf))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::Error::other("keep-alive expired"))),
+                None => stream.read_buf(&mut buf).await,
+            }
+        };
+        let n = tokio::select! {
+            n = read => n.map_err(|e| e.to_string())?,
+            () = shutdown.cancelled() => return Ok(()),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        // Take whatever else has arrived already, so that one append (and
+        // one fsync) covers everything the device has in flight.
+        let mut eof = false;
+        while buf.len() < READ_AHEAD {
+            buf.reserve(READ_CHUNK);
+            // A zero timeout polls the read once: data already there, or
+            // nothing (reading is cancel safe).
+            match tokio::time::timeout(Duration::ZERO, stream.read_buf(&mut buf)).await {
+                Ok(Ok(0)) => {
+                    eof = true;
+                    break;
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => break,
+            }
+        }
+        let mut closing = eof.then_some(Ok(()));
+        loop {
+            match Packet::read(&mut buf, shared.max_packet) {
+                Ok(Packet::Publish(publish)) => {
+                    if publish.qos == QoS::ExactlyOnce {
+                        closing = Some(Err("QoS 2 is not supported".to_owned()));
+                        break;
+                    }
+                    publishes.push(publish);
+                    if publishes.len() >= shared.batch_max {
+                        break;
+                    }
+                }
+                Ok(Packet::PingReq) => write(&mut out, Packet::PingResp),
+                Ok(Packet::Subscribe(s)) => {
+                    let codes = vec![SubscribeReasonCode::Failure; s.filters.len()];
+                    write(&mut out, Packet::SubAck(SubAck::new(s.pkid, codes)));
+                }
+                Ok(Packet::Unsubscribe(u)) => {
+                    write(&mut out, Packet::UnsubAck(UnsubAck::new(u.pkid)));
+                }
+                Ok(Packet::Disconnect) => {
+                    closing = Some(Ok(()));
+                    break;
+                }
+                Ok(Packet::Connect(_)) => {
+                    closing = Some(Err("a second CONNECT".to_owned()));
+                    break;
+                }
+                Ok(_) => {}
+                Err(CodecError::InsufficientBytes(_)) => break,
+                Err(e) => {
+                    intake.health().rejected("malformed_packet");
+                    closing = Some(Err(format!("malformed packet: {e}")));
+                    break;
+                }
+            }
+        }
+        if !publishes.is_empty() {
+            let messages = publishes.iter().map(|p| (p.topic.as_str(), &p.payload[..]));
+            if !process(&shared.rules, intake, messages, &mut backoff, shutdown).await {
+                // Shutdown before the append: nothing is acknowledged.
+                return Ok(());
+            }
+            for p in publishes.drain(..) {
+                if p.qos == QoS::AtLeastOnce {
+                    write(&mut out, Packet::PubAck(PubAck::new(p.pkid)));
+                }
+            }
+        }
+        if !out.is_empty() {
+            send(&mut stream, &mut out, shutdown).await?;
+        }
+        if let Some(result) = closing {
+            return result;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

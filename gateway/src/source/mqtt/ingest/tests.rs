@@ -1,0 +1,289 @@
+use std::ops::RangeInclusive;
+
+use bytes::Bytes;
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::{Semaphore as Gate, watch};
+
+use super::*;
+use crate::buffer::{Buffer, BufferStats, MemoryBuffer, Record};
+use crate::source::SourceHealth;
+
+/// A memory buffer whose appends wait for a permit: shows when PUBACKs go
+/// out relative to the append.
+struct GatedBuffer {
+    inner: MemoryBuffer,
+    gate: Arc<Gate>,
+}
+
+#[async_trait]
+impl Buffer for GatedBuffer {
+    async fn append(&self, records: Vec<Bytes>) -> Result<RangeInclusive<u64>> {
+        let _permit = self.gate.acquire().await.map_err(|_| Error::Closed)?;
+        self.inner.append(records).await
+    }
+    async fn read(&self, from: u64, max: usize, bytes: usize) -> Result<Vec<Record>> {
+        self.inner.read(from, max, bytes).await
+    }
+    async fn ack(&self, up_to: u64) -> Result<()> {
+        self.inner.ack(up_to).await
+    }
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.subscribe()
+    }
+    fn stats(&self) -> BufferStats {
+        self.inner.stats()
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    buffer: Arc<dyn Buffer>,
+    health: Arc<SourceHealth>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+fn config(users: &[(&str, &str)]) -> MqttIngestConfig {
+    MqttIngestConfig {
+        name: "devices".into(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        users: users.iter().map(|(u, p)| ((*u).to_owned(), (*p).to_owned())).collect(),
+        rules: vec![
+            toml::from_str(
+                "topic = \"readers/{r}/tags\"\nevent = \"rfid.tag.read\"\n\
+                 actor = { type = \"rfid_reader\", id = \"{r}\" }\n\
+                 properties = { seq = \"{/seq}\" }",
+            )
+            .unwrap(),
+        ],
+        ..MqttIngestConfig::default()
+    }
+}
+
+fn start(config: &MqttIngestConfig, buffer: Arc<dyn Buffer>) -> Running {
+    let source = MqttIngestSource::build(config, "sources.mqtt_ingest[0]").unwrap();
+    let addr = source.local_addr();
+    let health = Arc::new(SourceHealth::new("devices", "mqtt_ingest"));
+    let intake = Intake::new(Arc::clone(&buffer), Arc::clone(&health), Duration::from_secs(30));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(Box::new(source).run(intake, stop.clone()));
+    Running { addr, buffer, health, stop, task }
+}
+
+fn client_of(
+    addr: SocketAddr,
+    id: &str,
+    login: Option<(&str, &str)>,
+) -> (AsyncClient, rumqttc::EventLoop) {
+    let mut options = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    options.set_keep_alive(Duration::from_secs(5));
+    if let Some((u, p)) = login {
+        options.set_credentials(u, p);
+    }
+    AsyncClient::new(options, 100)
+}
+
+/// Polls until `n` PUBACKs arrived (or an error, returned).
+async fn acks(eventloop: &mut rumqttc::EventLoop, n: usize) -> std::result::Result<usize, String> {
+    let mut acked = 0;
+    while acked < n {
+        match eventloop.poll().await {
+            Ok(Event::Incoming(rumqttc::Packet::PubAck(_))) => acked += 1,
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(acked)
+}
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn publishes_are_stored_then_acknowledged_and_bad_ones_counted() {
+    let running = start(&config(&[("reader", "pw")]), Arc::new(MemoryBuffer::new()));
+    let (client, mut eventloop) = client_of(running.addr, "r1", Some(("reader", "pw")));
+    for seq in 0..50 {
+        let payload = format!("{{\"seq\": {seq}}}");
+        client.publish("readers/r1/tags", QoS::AtLeastOnce, false, payload).await.unwrap();
+    }
+    client.publish("readers/r1/tags", QoS::AtLeastOnce, false, "{oops").await.unwrap();
+    client.publish("other/topic", QoS::AtMostOnce, false, "{}").await.unwrap();
+    client.publish("readers/r2/tags", QoS::AtMostOnce, false, "{\"seq\": 99}").await.unwrap();
+    let acked = tokio::time::timeout(WAIT, acks(&mut eventloop, 51)).await.unwrap();
+    assert_eq!(acked, Ok(51));
+    // QoS 0 has no ack: wait for its append.
+    tokio::time::timeout(WAIT, async {
+        while running.buffer.stats().appended_total < 51 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let json = running.health.to_json();
+    assert_eq!(json["accepted_total"], 51, "{json}");
+    assert_eq!(json["rejected"]["invalid_json"], 1, "{json}");
+    assert_eq!(json["rejected"]["no_rule"], 1, "{json}");
+    assert_eq!(json["connected"], true, "{json}");
+
+    // A subscription is refused; the connection stays usable.
+    client.subscribe("readers/#", QoS::AtLeastOnce).await.unwrap();
+    let suback = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(Event::Incoming(rumqttc::Packet::SubAck(ack))) = eventloop.poll().await {
+                return ack;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(suback.return_codes, [rumqttc::SubscribeReasonCode::Failure]);
+
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+    assert_eq!(running.health.to_json()["connected"], false);
+}
+
+#[tokio::test]
+async fn no_puback_before_the_append_returns() {
+    let gate = Arc::new(Gate::new(0));
+    let buffer = Arc::new(GatedBuffer { inner: MemoryBuffer::new(), gate: Arc::clone(&gate) });
+    let running = start(&config(&[]), buffer);
+    let (client, mut eventloop) = client_of(running.addr, "r1", None);
+    client.publish("readers/r1/tags", QoS::AtLeastOnce, false, "{\"seq\": 1}").await.unwrap();
+    // The append waits at the gate: no PUBACK comes.
+    let early = tokio::time::timeout(Duration::from_millis(300), acks(&mut eventloop, 1)).await;
+    assert!(early.is_err(), "a PUBACK before the append returned");
+    assert_eq!(running.buffer.stats().appended_total, 0);
+    gate.add_permits(1);
+    let acked = tokio::time::timeout(WAIT, acks(&mut eventloop, 1)).await.unwrap();
+    assert_eq!(acked, Ok(1));
+    assert_eq!(running.buffer.stats().appended_total, 1);
+    running.stop.cancel();
+    gate.add_permits(100);
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn bad_logins_other_protocols_and_garbage_are_refused() {
+    let running = start(&config(&[("reader", "pw")]), Arc::new(MemoryBuffer::new()));
+    let (_client, mut eventloop) = client_of(running.addr, "r1", Some(("reader", "wrong")));
+    let err = tokio::time::timeout(WAIT, eventloop.poll()).await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("BadUserNamePassword"), "{err}");
+    let (_client, mut eventloop) = client_of(running.addr, "r2", None);
+    let err = tokio::time::timeout(WAIT, eventloop.poll()).await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("BadUserNamePassword"), "{err}");
+
+    // Garbage instead of CONNECT, then garbage after a good CONNECT: the
+    // connection closes, the endpoint carries on.
+    let mut raw = TcpStream::connect(running.addr).await.unwrap();
+    raw.write_all(&[0xff; 64]).await.unwrap();
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(WAIT, raw.read_to_end(&mut sink)).await.unwrap();
+    assert!(closed.is_ok() || closed.is_err());
+    let (client, mut eventloop) = client_of(running.addr, "r3", Some(("reader", "pw")));
+    client.publish("readers/r3/tags", QoS::AtLeastOnce, false, "{\"seq\": 7}").await.unwrap();
+    assert_eq!(tokio::time::timeout(WAIT, acks(&mut eventloop, 1)).await.unwrap(), Ok(1));
+    let mut raw = TcpStream::connect(running.addr).await.unwrap();
+    let mut hello = BytesMut::new();
+    let mut connect = rumqttc::Connect::new("raw");
+    connect.set_login("reader", "pw");
+    Packet::Connect(connect).write(&mut hello, usize::MAX).unwrap();
+    hello.extend_from_slice(&[0x30, 0xff, 0xff, 0xff, 0xff, 0x7f]); // bad remaining length
+    raw.write_all(&hello).await.unwrap();
+    let _ = tokio::time::timeout(WAIT, raw.read_to_end(&mut sink)).await.unwrap();
+    assert_eq!(running.health.to_json()["rejected"]["malformed_packet"], 1);
+
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+    let _ = Outgoing::PingReq;
+}
+
+/// A self-signed certificate for 127.0.0.1 made by the openssl command
+/// (installed by deploy/scripts/install-test-deps.sh).
+fn certificate(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let status = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl: run deploy/scripts/install-test-deps.sh");
+    assert!(status.success());
+    (cert, key)
+}
+
+#[tokio::test]
+async fn devices_can_publish_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = certificate(dir.path());
+    let mut config = config(&[]);
+    config.tls_cert_file = Some(cert.clone());
+    config.tls_key_file = Some(key);
+    let running = start(&config, Arc::new(MemoryBuffer::new()));
+
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&cert).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let mut options = MqttOptions::new("tls", "127.0.0.1", running.addr.port());
+    options
+        .set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(Arc::new(tls))));
+    let (client, mut eventloop) = AsyncClient::new(options, 10);
+    for seq in 0..5 {
+        let payload = format!("{{\"seq\": {seq}}}");
+        client.publish("readers/r1/tags", QoS::AtLeastOnce, false, payload).await.unwrap();
+    }
+    assert_eq!(tokio::time::timeout(WAIT, acks(&mut eventloop, 5)).await.unwrap(), Ok(5));
+    assert_eq!(running.buffer.stats().appended_total, 5);
+
+    // Plain MQTT to the TLS port gets nowhere.
+    let (_plain, mut eventloop) = client_of(running.addr, "plain", None);
+    assert!(tokio::time::timeout(WAIT, eventloop.poll()).await.unwrap().is_err());
+
+    // Half a TLS configuration is a problem with its key.
+    let half =
+        MqttIngestConfig { tls_key_file: Some("key.pem".into()), ..MqttIngestConfig::default() };
+    assert!(half.problems().iter().any(|p| p.starts_with("tls_cert_file:")));
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
+proptest::proptest! {
+    /// Whatever bytes a device sends, framing them answers without
+    /// panicking (the endpoint reads untrusted devices with this codec).
+    #[test]
+    fn the_codec_never_panics_on_device_bytes(
+        bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        first in 0u8..=255,
+    ) {
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&[first]);
+        buf.extend_from_slice(&bytes);
+        for _ in 0..100 {
+            match Packet::read(&mut buf, 1024) {
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! One MQTT session, either protocol: rumqttc's 3.1.1 client
+//! (`rumqttc::*`) or its MQTT 5 client (`rumqttc::v5::*`), behind one
+//! [`Client`] (acks, disconnect) and one poller that hands every PUBLISH
+//! to the processor as a [`Message`].
+//!
+//! The poller drives the event loop: connects, subscribes on every
+//! CONNACK, reconnects after errors with capped exponential backoff and
+//! writes the acks the processor queues. "Connected" in health means
+//! connected and subscribed (SUBACK seen): from then on the broker keeps
+//! messages for the session.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rumqttc::v5;
+use rumqttc::{Outgoing, QoS};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::source::SourceHealth;
+
+/// Client options of either protocol.
+#[derive(Clone)]
+pub enum Options {
+    V4(Box<rumqttc::MqttOptions>),
+    V5(Box<v5::MqttOptions>),
+}
+
+/// What the processor needs of the client.
+#[derive(Clone)]
+pub enum Client {
+    V4(rumqttc::AsyncClient),
+    V5(v5::AsyncClient),
+}
+
+/// The received PUBLISH, kept to acknowledge it.
+pub enum Ack {
+    V4(rumqttc::Publish),
+    V5(v5::mqttbytes::v5::Publish),
+}
+
+/// One message for the processor.
+pub struct Message {
+    pub topic: String,
+    pub payload: Bytes,
+    pub ack: Ack,
+}
+
+impl Client {
+    /// Queues the PUBACK (nothing for QoS 0); `false` once the event loop
+    /// is gone.
+    pub async fn ack(&self, ack: &Ack) -> bool {
+        match (self, ack) {
+            (Client::V4(c), Ack::V4(p)) => c.ack(p).await.is_ok(),
+            (Client::V5(c), Ack::V5(p)) => c.ack(p).await.is_ok(),
+            _ => false,
+        }
+    }
+
+    /// Queues a DISCONNECT after everything queued before it.
+    pub fn try_disconnect(&self) {
+        let _ = match self {
+            Client::V4(c) => c.try_disconnect().map_err(drop),
+            Client::V5(c) => c.try_disconnect().map_err(drop),
+        };
+    }
+}
+
+/// What the poller shares across protocols.
+pub struct Poller {
+    pub filters: Vec<String>,
+    pub qos: QoS,
+    pub tx: mpsc::Sender<Message>,
+    pub health: Arc<SourceHealth>,
+    pub backoff: Backoff,
+    /// The source is stopping: no more reconnects.
+    pub shutdown: CancellationToken,
+    /// Stop polling at once (after the ack flush timed out).
+    pub stop: CancellationToken,
+}
+
+/// Starts the client and its poller.
+pub fn start(
+    options: Options,
+    request_capacity: usize,
+    poller: Poller,
+) -> (Client, JoinHandle<()>) {
+    match options {
+        Options::V4(options) => {
+            let (client, eventloop) = rumqttc::AsyncClient::new(*options, request_capacity);
+            let task = tokio::spawn(poll_v4(eventloop, client.clone(), poller));
+            (Client::V4(client), task)
+        }
+        Options::V5(options) => {
+            let (client, eventloop) = v5::AsyncClient::new(*options, request_capacity);
+            let task = tokio::spawn(poll_v5(eventloop, client.clone(), poller));
+            (Client::V5(client), task)
+        }
+    }
+}
+
+impl Poller {
+    fn connected(&mut self, session_present: bool) {
+        tracing::info!(source = %self.health.name, session_present, "connected to the MQTT broker");
+        self.backoff.reset();
+        if self.filters.is_empty() {
+            self.health.set_connected(true);
+        }
+    }
+
+    fn subscribed(&self, refused: usize) {
+        if refused > 0 {
+            tracing::error!(source = %self.health.name, refused, "the broker refused subscriptions");
+        }
+        self.health.set_connected(true);
+    }
+
+    /// Hands a message over; a closed channel means the processor stopped
+    /// and the message stays unacknowledged.
+    async fn deliver(&self, message: Message) {
+        let _ = self.tx.send(message).await;
+    }
+
+    /// After a connection error: `false` to stop polling, else waits the
+    /// backoff delay (the event loop reconnects on its next poll).
+    async fn failed(&mut self, error: String, rng: &mut StdRng) -> bool {
+        self.health.set_connected(false);
+        self.health.set_error(error.clone());
+        if self.shutdown.is_cancelled() {
+            return false;
+        }
+        let delay = self.backoff.next_delay(rng);
+        tracing::warn!(source = %self.health.name, %error, ?delay, "MQTT connection failed; reconnecting");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => true,
+            () = self.stop.cancelled() => false,
+            () = self.shutdown.cancelled() => true,
+        }
+    }
+}
+
+async fn poll_v4(mut eventloop: rumqttc::EventLoop, client: rumqttc::AsyncClient, mut p: Poller) {
+    use rumqttc::{Event, Packet, SubscribeFilter, SubscribeReasonCode};
+    let filters: Vec<SubscribeFilter> =
+        p.filters.iter().map(|f| SubscribeFilter::new(f.clone(), p.qos)).collect();
+    let mut rng = StdRng::from_os_rng();
+    loop {
+        let event = tokio::select! {
+            event = eventloop.poll() => event,
+            () = p.stop.cancelled() => return,
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                p.connected(ack.session_present);
+                if !filters.is_empty() && client.try_subscribe_many(filters.clone()).is_err() {
+                    tracing::warn!(source = %p.health.name, "cannot queue the subscription");
+                }
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => p.subscribed(
+                ack.return_codes
+                    .iter()
+                    .filter(|c| matches!(c, SubscribeReasonCode::Failure))
+                    .count(),
+            ),
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let message = Message {
+                    topic: publish.topic.clone(),
+                    payload: publish.payload.clone(),
+                    ack: Ack::V4(publish),
+                };
+                p.deliver(message).await;
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+            Ok(_) => {}
+            Err(rumqttc::ConnectionError::RequestsDone) => return,
+            Err(e) => {
+                if !p.failed(e.to_string(), &mut rng).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn poll_v5(mut eventloop: v5::EventLoop, client: v5::AsyncClient, mut p: Poller) {
+    use v5::Event;
+    use v5::mqttbytes::v5::{Filter, Packet, SubscribeReasonCode};
+    let filters: Vec<Filter> =
+        p.filters.iter().map(|f| Filter::new(f.clone(), qos5(p.qos))).collect();
+    let mut rng = StdRng::from_os_rng();
+    loop {
+        let event = tokio::select! {
+            event = eventloop.poll() => event,
+            () = p.stop.cancelled() => return,
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                p.connected(ack.session_present);
+                if !filters.is_empty() && client.try_subscribe_many(filters.clone()).is_err() {
+                    tracing::warn!(source = %p.health.name, "cannot queue the subscription");
+                }
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => p.subscribed(
+                ack.return_codes
+                    .iter()
+                    .filter(|c| !matches!(c, SubscribeReasonCode::Success(_)))
+                    .count(),
+            ),
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let message = Message {
+                    topic: String::from_utf8_lossy(&publish.topic).into_owned(),
+                    payload: publish.payload.clone(),
+                    ack: Ack::V5(publish),
+                };
+                p.deliver(message).await;
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
+            Ok(_) => {}
+            Err(v5::ConnectionError::RequestsDone) => return,
+            Err(e) => {
+                if !p.failed(e.to_string(), &mut rng).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn qos5(qos: QoS) -> v5::mqttbytes::QoS {
+    match qos {
+        QoS::AtMostOnce => v5::mqttbytes::QoS::AtMostOnce,
+        QoS::AtLeastOnce => v5::mqttbytes::QoS::AtLeastOnce,
+        QoS::ExactlyOnce => v5::mqttbytes::QoS::ExactlyOnce,
+    }
+}
