@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -56,6 +56,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         uplink: status.clone(),
         sources: Arc::clone(&sources.health),
         body_limit: usize::try_from(config.http.body_limit.as_u64()).unwrap_or(usize::MAX),
+        ingest_permits: Arc::new(Semaphore::new(config.http.ingest_concurrency)),
     };
     let addr = config.http.addr;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Listen {

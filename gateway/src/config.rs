@@ -52,11 +52,21 @@ pub struct HttpConfig {
     pub addr: SocketAddr,
     /// Largest ingest body; larger ones get 413. Default `1MiB`.
     pub body_limit: ByteSize,
+    /// Most ingest bodies parsed into events at once; later requests wait
+    /// holding only their body. Parsing is CPU work, so more than the cores
+    /// gains nothing, and the events take several times the body's size:
+    /// this bounds the gateway's memory however many producers post at
+    /// once. Default 4.
+    pub ingest_concurrency: usize,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { addr: SocketAddr::from(([127, 0, 0, 1], 9100)), body_limit: ByteSize::mib(1) }
+        HttpConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 9100)),
+            body_limit: ByteSize::mib(1),
+            ingest_concurrency: 4,
+        }
     }
 }
 
@@ -143,6 +153,9 @@ impl Config {
         if self.http.body_limit.as_u64() < 1024 {
             problems.push("http.body_limit: must be at least 1KiB".to_owned());
         }
+        if !(1..=1024).contains(&self.http.ingest_concurrency) {
+            problems.push("http.ingest_concurrency: must be 1 to 1024".to_owned());
+        }
         if let Err(Error::InvalidConfig { problems: buffer }) = self.buffer.validate() {
             problems.extend(buffer.into_iter().map(|p| format!("buffer.{p}")));
         }
@@ -216,6 +229,8 @@ mod tests {
             client_cert_file = "/etc/cert.pem"
             [buffer]
             segment_bytes = "10B"
+            [http]
+            ingest_concurrency = 0
             "#,
         )
         .unwrap();
@@ -226,6 +241,7 @@ mod tests {
             keys,
             [
                 "gateway_id",
+                "http.ingest_concurrency",
                 "buffer.segment_bytes",
                 "uplink.endpoint",
                 "uplink.api_key",

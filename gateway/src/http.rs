@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use crate::buffer::Buffer;
 use crate::shipper::UplinkStatus;
@@ -37,6 +37,8 @@ pub struct HttpState {
     pub sources: Arc<SourceSet>,
     /// Largest ingest body in bytes.
     pub body_limit: usize,
+    /// One per ingest body being read and parsed (`http.ingest_concurrency`).
+    pub ingest_permits: Arc<Semaphore>,
 }
 
 /// The routes.

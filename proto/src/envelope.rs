@@ -7,7 +7,10 @@
 //! `default`, tier `T0`) are not applied here: they are the cloud's to
 //! decide, and a gateway forwards events as they were given.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::error::{Result, ValidationError};
 use crate::event::Event;
@@ -18,26 +21,14 @@ pub const MAX_BATCH: usize = 1000;
 /// Validates a single envelope or a batch body received at `now_ms`.
 pub fn parse_body(body: &Value, now_ms: i64) -> Result<Vec<Event>> {
     let Some(object) = body.as_object() else {
-        return Err(ValidationError::new("", "the body must be a JSON object"));
+        return Err(not_an_object());
     };
     match object.get("batch") {
         None => Ok(vec![parse_envelope(body, now_ms)?]),
         Some(batch) => {
-            if let Some(other) = object.keys().find(|k| *k != "batch") {
-                return Err(ValidationError::new(
-                    other.as_str(),
-                    "a batch body has only the `batch` field",
-                ));
-            }
-            let items = batch
-                .as_array()
-                .ok_or_else(|| ValidationError::new("batch", "`batch` must be an array"))?;
-            if items.is_empty() || items.len() > MAX_BATCH {
-                return Err(ValidationError::new(
-                    "batch",
-                    format!("`batch` must hold 1 to {MAX_BATCH} envelopes"),
-                ));
-            }
+            only_batch(object.keys().map(String::as_str))?;
+            let items = batch.as_array().ok_or_else(not_an_array)?;
+            batch_len(items.len())?;
             items
                 .iter()
                 .enumerate()
@@ -45,6 +36,72 @@ pub fn parse_body(body: &Value, now_ms: i64) -> Result<Vec<Event>> {
                 .collect()
         }
     }
+}
+
+/// Why raw body bytes were refused.
+#[derive(Debug)]
+pub enum BodyError {
+    /// Not JSON at all.
+    Json(serde_json::Error),
+    /// JSON that breaks the contract.
+    Invalid(ValidationError),
+}
+
+impl From<ValidationError> for BodyError {
+    fn from(e: ValidationError) -> Self {
+        BodyError::Invalid(e)
+    }
+}
+
+/// [`parse_body`] on the raw bytes of a body, with the same answers, but a
+/// batch's envelopes are turned into trees one at a time: a 1000-event body
+/// never holds more than one envelope's `Value` next to its bytes (a whole
+/// body's tree is several times the size of the body).
+pub fn parse_body_bytes(bytes: &[u8], now_ms: i64) -> std::result::Result<Vec<Event>, BodyError> {
+    let whole: &RawValue = serde_json::from_slice(bytes).map_err(BodyError::Json)?;
+    // Sorted like `Value`'s map, so that the same key is named first.
+    let Ok(fields) = serde_json::from_str::<BTreeMap<String, &RawValue>>(whole.get()) else {
+        return Err(not_an_object().into());
+    };
+    let Some(batch) = fields.get("batch") else {
+        let value: Value = serde_json::from_str(whole.get()).map_err(BodyError::Json)?;
+        return Ok(vec![parse_envelope(&value, now_ms)?]);
+    };
+    only_batch(fields.keys().map(String::as_str))?;
+    let items: Vec<&RawValue> = serde_json::from_str(batch.get()).map_err(|_| not_an_array())?;
+    batch_len(items.len())?;
+    let mut events = Vec::with_capacity(items.len());
+    for (i, item) in items.into_iter().enumerate() {
+        let value: Value = serde_json::from_str(item.get()).map_err(BodyError::Json)?;
+        events.push(parse_envelope(&value, now_ms).map_err(|e| e.at_index("batch", i))?);
+    }
+    Ok(events)
+}
+
+fn not_an_object() -> ValidationError {
+    ValidationError::new("", "the body must be a JSON object")
+}
+
+fn not_an_array() -> ValidationError {
+    ValidationError::new("batch", "`batch` must be an array")
+}
+
+/// A batch body has no field beside `batch`.
+fn only_batch<'a>(mut keys: impl Iterator<Item = &'a str>) -> Result<()> {
+    match keys.find(|k| *k != "batch") {
+        Some(other) => Err(ValidationError::new(other, "a batch body has only the `batch` field")),
+        None => Ok(()),
+    }
+}
+
+fn batch_len(n: usize) -> Result<()> {
+    if n == 0 || n > MAX_BATCH {
+        return Err(ValidationError::new(
+            "batch",
+            format!("`batch` must hold 1 to {MAX_BATCH} envelopes"),
+        ));
+    }
+    Ok(())
 }
 
 /// One envelope: the contract's validation plus [`check_entity`].
@@ -79,10 +136,36 @@ mod tests {
 
     const NOW: i64 = 1_795_322_085_000;
 
+    /// The field named by both parsers, which must agree.
     fn field_of(body: Value) -> String {
+        let from_bytes = match parse_body_bytes(body.to_string().as_bytes(), NOW) {
+            Err(BodyError::Invalid(e)) => e,
+            other => panic!("expected a validation error from bytes, got {other:?}"),
+        };
         match parse_body(&body, NOW) {
-            Err(e) => e.field,
+            Err(e) => {
+                assert_eq!(e, from_bytes, "{body}");
+                e.field
+            }
             Ok(events) => panic!("expected a validation error, got {events:?}"),
+        }
+    }
+
+    #[test]
+    fn bytes_and_tree_parse_alike() {
+        let bodies = [
+            json!({"event": "scan", "actor": {"type": "reader", "id": "r1"}}),
+            json!({"batch": [{"event": "a", "properties": {"n": 1.5}}, {"event": "b"}]}),
+        ];
+        for body in bodies {
+            let from_bytes = parse_body_bytes(body.to_string().as_bytes(), NOW).unwrap();
+            assert_eq!(from_bytes, parse_body(&body, NOW).unwrap());
+        }
+        // Later duplicates win, as in a `Value`.
+        let twice = br#"{"batch": [{"event": "a"}], "batch": [{"event": "b"}]}"#;
+        assert_eq!(parse_body_bytes(twice, NOW).unwrap()[0].event, "b");
+        for broken in [&b"{"[..], b"", b"{\"batch\": [1,]}", b"\xff"] {
+            assert!(matches!(parse_body_bytes(broken, NOW), Err(BodyError::Json(_))));
         }
     }
 

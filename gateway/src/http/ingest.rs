@@ -14,8 +14,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use opgraph_proto::Event;
+use opgraph_proto::envelope::{BodyError, parse_body_bytes};
 use prost::Message;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::{ApiError, HttpState};
 use crate::error::Error;
@@ -92,18 +93,33 @@ async fn accept(
         return Err(too_large());
     }
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("invalid JSON: {e}"))
-    })?;
-    let now = now_ms();
-    let events = opgraph_proto::envelope::parse_body(&value, now).map_err(|e| ApiError {
-        field: Some(e.field),
-        ..ApiError::new(StatusCode::BAD_REQUEST, "validation_failed", e.message)
-    })?;
-    let (ids, records) = encode_events(&events, now);
+    // Parsed events take several times the body's size: only the permit
+    // holders build them (a slow producer still sending its body holds no
+    // permit), and they are dropped before the possibly long durable
+    // append, so that part of memory is bounded by the permits, not by the
+    // number of producers.
+    let (ids, records) = {
+        let _permit = state.ingest_permits.acquire().await.map_err(|_| shutting_down())?;
+        let now = now_ms();
+        let events = parse_body_bytes(&bytes, now).map_err(|e| match e {
+            BodyError::Json(e) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("invalid JSON: {e}"))
+            }
+            BodyError::Invalid(e) => ApiError {
+                field: Some(e.field),
+                ..ApiError::new(StatusCode::BAD_REQUEST, "validation_failed", e.message)
+            },
+        })?;
+        encode_events(&events, now)
+    };
+    drop(bytes);
     state.buffer.append(records).await.map_err(append_error)?;
     state.metrics.events_accepted.inc_by(ids.len() as u64);
     Ok((ids.len(), ids))
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the gateway is shutting down")
 }
 
 /// A failed append as an answer; internal details are logged, not sent.
@@ -112,11 +128,7 @@ fn append_error(e: Error) -> ApiError {
         Error::AppendTooLarge { .. } | Error::RecordTooLarge { .. } => {
             ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", e.to_string())
         }
-        Error::Closed => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "the gateway is shutting down",
-        ),
+        Error::Closed => shutting_down(),
         e if e.retryable() => {
             tracing::warn!(error = %e, "ingest append not durable");
             ApiError {
