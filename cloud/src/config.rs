@@ -60,9 +60,13 @@ pub struct StoreConfig {
     /// Directory of the embedded store; created if missing. Default
     /// `./opgraph-data`. Env `OPGRAPH_DATA_DIR`.
     pub data_dir: PathBuf,
-    /// ClickHouse HTTP URL when `kind = "clickhouse"`. Env
-    /// `OPGRAPH_CLICKHOUSE_URL`.
+    /// ClickHouse HTTP URL when `kind = "clickhouse"`, e.g.
+    /// `http://127.0.0.1:8123` (credentials as `http://user:pass@host:8123`).
+    /// Env `OPGRAPH_CLICKHOUSE_URL`.
     pub clickhouse_url: Option<String>,
+    /// Database of the ClickHouse store, created if missing. Default
+    /// `opgraph`. Env `OPGRAPH_CLICKHOUSE_DATABASE`.
+    pub clickhouse_database: String,
     /// How long the embedded writer gathers concurrent writes into one
     /// transaction (one fsync). Longer raises throughput under load and
     /// latency when idle. Default `0ms`: commit as soon as the queue is
@@ -202,6 +206,7 @@ impl Default for StoreConfig {
             kind: StoreKind::Embedded,
             data_dir: PathBuf::from("opgraph-data"),
             clickhouse_url: None,
+            clickhouse_database: "opgraph".into(),
             group_commit_window: Duration::ZERO,
         }
     }
@@ -328,6 +333,9 @@ impl Config {
         if let Some(v) = env("OPGRAPH_CLICKHOUSE_URL") {
             self.store.clickhouse_url = Some(v);
         }
+        if let Some(v) = env("OPGRAPH_CLICKHOUSE_DATABASE") {
+            self.store.clickhouse_database = v;
+        }
         if let Some(v) = env("OPGRAPH_BOOTSTRAP_KEY") {
             self.auth.bootstrap_key = Some(v);
         }
@@ -367,6 +375,17 @@ impl Config {
             return Err(problem(
                 "store.clickhouse_url",
                 "required when store.kind = \"clickhouse\" (env OPGRAPH_CLICKHOUSE_URL)",
+            ));
+        }
+        if let Some(url) = &self.store.clickhouse_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(problem("store.clickhouse_url", "must be an http:// or https:// URL"));
+        }
+        if !crate::store::clickhouse::plain_identifier(&self.store.clickhouse_database) {
+            return Err(problem(
+                "store.clickhouse_database",
+                "letters, digits and '_' only, not starting with a digit, at most 64",
             ));
         }
         if self.store.group_commit_window > Duration::from_secs(1) {

@@ -13,6 +13,7 @@ use crate::auth::{self, Authenticator, Scope, jwt::JwtVerifier};
 use crate::config::{Config, StoreKind};
 use crate::receiver::tls::TlsMaterial;
 use crate::receiver::{Receiver, grpc, quic};
+use crate::store::clickhouse::{ClickHouseConfig, ClickHouseStore};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::{ApiKeyRecord, NewApiKey, Store, Workspace};
 use crate::telemetry::Metrics;
@@ -113,7 +114,13 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             Arc::new(EmbeddedStore::open(&config.store.data_dir, config.store.group_commit_window)?)
         }
         StoreKind::Clickhouse => {
-            anyhow::bail!("store.kind = \"clickhouse\" is not available in this build yet")
+            // Still the home of the bootstrap key, TLS material and salts.
+            std::fs::create_dir_all(&config.store.data_dir).map_err(|e| {
+                anyhow::anyhow!("store.data_dir {}: {e}", config.store.data_dir.display())
+            })?;
+            let url = config.store.clickhouse_url.clone().unwrap_or_default();
+            let database = config.store.clickhouse_database.clone();
+            Arc::new(ClickHouseStore::open(&ClickHouseConfig { url, database }).await?)
         }
     };
     bootstrap(&config, store.as_ref()).await?;

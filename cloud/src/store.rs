@@ -4,6 +4,7 @@
 //! Every call that touches tenant data takes the workspace id first; there is
 //! no way to ask the store for "all events" across workspaces.
 
+pub mod clickhouse;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod connectors;

@@ -10,6 +10,8 @@ needs=(
   "mosquitto mosquitto"    # external MQTT broker; tests start their own on loopback
   "mount mount"            # edge_faults mounts a small tmpfs as a full disk
   "pkill procps"           # procps brings /bin/kill, which the harness runs (`kill` alone is a shell builtin)
+  "clickhouse-server clickhouse-server"  # the ClickHouse store's tests start their own server on loopback
+  "clickhouse-client clickhouse-client"  # raw-SQL baselines and debugging of those servers
 )
 
 missing=()
@@ -23,7 +25,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   # Packages must not start system services (mosquitto would take port
-  # 1883): policy-rc.d answering 101 forbids it for the install.
+  # 1883, clickhouse-server 8123 and 9000): policy-rc.d answering 101
+  # forbids it for the install.
   policy=/usr/sbin/policy-rc.d
   placed_policy=""
   if [ ! -e "$policy" ]; then
@@ -39,5 +42,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   if printf '%s\n' "${missing[@]}" | grep -qx mosquitto && command -v systemctl >/dev/null 2>&1 \
     && [ -d /run/systemd/system ]; then
     $sudo systemctl disable --now mosquitto >/dev/null 2>&1 || true
+  fi
+  if printf '%s\n' "${missing[@]}" | grep -qx clickhouse-server && command -v systemctl >/dev/null 2>&1 \
+    && [ -d /run/systemd/system ]; then
+    $sudo systemctl disable --now clickhouse-server >/dev/null 2>&1 || true
   fi
 fi

@@ -7,6 +7,7 @@
 //! points elsewhere.
 #![allow(clippy::expect_used)]
 
+pub mod clickhouse;
 pub mod edge;
 
 use std::collections::HashMap;

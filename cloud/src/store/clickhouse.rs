@@ -1,0 +1,637 @@
+//! The ClickHouse store (`store.kind = "clickhouse"`): events in a MergeTree
+//! partitioned by month, metadata in ReplacingMergeTree tables read with
+//! `argMax(..., version)`, over ClickHouse's HTTP interface.
+//!
+//! ClickHouse has no transactions and no unique keys, so what the embedded
+//! store gets from SQLite is done here by ordering writes and by checking
+//! before writing:
+//! - Writes that must check first (event ids, `messageId`, keys, sessions)
+//!   run under a lock per workspace, so two calls of this process never
+//!   both see "absent" and both write.
+//! - An event is stored once: before inserting, the ids already stored are
+//!   looked up by `(event, ts, id)`, which the table's key serves. A batch
+//!   redelivered after a crash between its events and its acknowledgement
+//!   is therefore stored once, never counted twice.
+//! - Acknowledgements, `messageId`s and idempotency keys are written after
+//!   the events they describe, so they never claim data that is not there.
+//!
+//! Not yet implemented calls answer 501 (see `clickhouse/pending.rs`).
+//! The schema is `deploy/clickhouse/schema.sql`.
+
+mod events;
+mod gateway;
+mod pending;
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use clickhouse::{Client, Row};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    ApiKeyRecord, AppendRequest, AppendResult, EventFilter, NewApiKey, Store, StoredEvent,
+    UsageTotals, Workspace,
+};
+use crate::auth::Scope;
+use crate::error::{Error, Result};
+
+/// The schema, applied statement by statement at every start.
+pub const SCHEMA: &str = include_str!("../../../deploy/clickhouse/schema.sql");
+const SCHEMA_VERSION: u32 = 1;
+/// Bound on one call to ClickHouse; past it the store counts as unavailable.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Health must answer quickly even when ClickHouse hangs.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+/// Seconds a client is told to wait when ClickHouse is down or overloaded.
+const RETRY_AFTER_SECS: u64 = 5;
+pub(crate) const DAY_MS: i64 = 86_400_000;
+
+/// Where the store lives: the HTTP URL (credentials may be given as
+/// `http://user:password@host:8123`) and the database, created if missing.
+#[derive(Debug, Clone)]
+pub struct ClickHouseConfig {
+    pub url: String,
+    pub database: String,
+}
+
+pub struct ClickHouseStore {
+    client: Client,
+    /// One lock per workspace (and one for workspaces and keys themselves):
+    /// see the module documentation.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    clock: Clock,
+    /// Businesses known to exist, so that ingest registers a business once
+    /// instead of asking at every call.
+    businesses: Mutex<HashSet<(String, String)>>,
+}
+
+/// Versions and insertion order: wall-clock microseconds, strictly
+/// increasing within the process and above anything already stored.
+struct Clock(AtomicU64);
+
+impl Clock {
+    fn next(&self) -> u64 {
+        let now = u64::try_from(crate::now_ms()).unwrap_or(0).saturating_mul(1000);
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(current + 1);
+            match self.0.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(seen) => current = seen,
+            }
+        }
+    }
+}
+
+/// Whether `name` can be used as a database name without quoting.
+pub fn plain_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 64
+}
+
+/// The client for `url`, with credentials moved from the URL into headers.
+fn client_for(url: &str) -> Result<Client> {
+    let mut parsed = url::Url::parse(url)
+        .map_err(|e| Error::validation("store.clickhouse_url", format!("{e}: {url:?}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(Error::validation("store.clickhouse_url", "must be an http:// URL"));
+    }
+    let user = parsed.username().to_owned();
+    let password = parsed.password().map(str::to_owned);
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    let mut client = Client::default()
+        .with_url(parsed.as_str().trim_end_matches('/'))
+        // 18.16 lacks RowBinaryWithNamesAndTypes, which validation needs.
+        .with_validation(false);
+    if !user.is_empty() {
+        client = client.with_user(user);
+    }
+    if let Some(password) = password {
+        client = client.with_password(password);
+    }
+    Ok(client)
+}
+
+/// Network failures and overload are worth a retry later; the rest is a bug
+/// (ours or the schema's).
+fn classify(e: clickhouse::error::Error) -> Error {
+    use clickhouse::error::Error as Ch;
+    match &e {
+        Ch::Network(_) | Ch::TimedOut => Error::Unavailable { retry_after_secs: RETRY_AFTER_SECS },
+        // 241 memory limit, 252 too many parts, 202 too many queries,
+        // 159 timeout: the server is alive but cannot take it now.
+        Ch::BadResponse(text)
+            if ["Code: 241", "Code: 252", "Code: 202", "Code: 159"]
+                .iter()
+                .any(|code| text.contains(code)) =>
+        {
+            Error::Unavailable { retry_after_secs: RETRY_AFTER_SECS }
+        }
+        _ => Error::internal(format!("clickhouse: {e}")),
+    }
+}
+
+/// Runs one call to ClickHouse within [`QUERY_TIMEOUT`].
+async fn run<T>(call: impl Future<Output = clickhouse::error::Result<T>>) -> Result<T> {
+    match tokio::time::timeout(QUERY_TIMEOUT, call).await {
+        Ok(result) => result.map_err(classify),
+        Err(_) => Err(Error::Unavailable { retry_after_secs: RETRY_AFTER_SECS }),
+    }
+}
+
+/// The statements of [`SCHEMA`]: comments dropped, split at a semicolon
+/// that ends a line.
+pub fn schema_statements() -> Vec<String> {
+    let text: String = SCHEMA
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    text.split(";\n").map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()
+}
+
+#[derive(Row, Serialize)]
+struct WorkspaceRow<'a> {
+    id: &'a str,
+    name: &'a str,
+    created_at: i64,
+    version: u64,
+}
+
+#[derive(Row, Serialize)]
+struct BusinessRow<'a> {
+    workspace_id: &'a str,
+    id: &'a str,
+    name: &'a str,
+    created_at: i64,
+    version: u64,
+}
+
+#[derive(Row, Serialize)]
+struct ApiKeyRow<'a> {
+    workspace_id: &'a str,
+    id: &'a str,
+    key_hash: &'a str,
+    name: &'a str,
+    hint: &'a str,
+    scopes: &'a str,
+    created_at: i64,
+    revoked_at: i64,
+    version: u64,
+}
+
+/// A key as read back; the column order of [`KEY_SELECT`].
+#[derive(Row, Deserialize)]
+struct KeyRead {
+    id: String,
+    workspace_id: String,
+    name: String,
+    hint: String,
+    scopes: String,
+    created_at: i64,
+    revoked_at: i64,
+    key_hash: String,
+}
+
+impl KeyRead {
+    fn into_record(self) -> ApiKeyRecord {
+        ApiKeyRecord {
+            id: self.id,
+            workspace_id: self.workspace_id,
+            name: self.name,
+            hint: self.hint,
+            scopes: self.scopes.split_whitespace().filter_map(Scope::parse).collect(),
+            created_at: self.created_at,
+            revoked_at: (self.revoked_at != 0).then_some(self.revoked_at),
+        }
+    }
+}
+
+/// The latest version of each key matching `WHERE` (appended by the
+/// caller), exact whether or not ClickHouse has merged the versions yet.
+const KEY_SELECT: &str = "SELECT id, workspace_id, argMax(name, version) AS k_name,
+        argMax(hint, version) AS k_hint, argMax(scopes, version) AS k_scopes,
+        argMax(created_at, version) AS k_created_at, argMax(revoked_at, version) AS k_revoked_at,
+        argMax(key_hash, version) AS k_hash
+    FROM api_keys";
+
+#[derive(Row, Serialize)]
+struct UsageRow<'a> {
+    workspace_id: &'a str,
+    day: i64,
+    events_ingested: u64,
+    api_calls: u64,
+}
+
+#[derive(Row, Deserialize)]
+struct UsageRead {
+    events_ingested: u64,
+    api_calls: u64,
+}
+
+impl ClickHouseStore {
+    /// Connects, creates the database and schema if missing, and records
+    /// the schema version. Fails when ClickHouse cannot be reached.
+    pub async fn open(config: &ClickHouseConfig) -> Result<ClickHouseStore> {
+        if !plain_identifier(&config.database) {
+            return Err(Error::validation(
+                "store.clickhouse_database",
+                "letters, digits and '_' only, not starting with a digit",
+            ));
+        }
+        let server = client_for(&config.url)?;
+        run(server.query(&format!("CREATE DATABASE IF NOT EXISTS {}", config.database)).execute())
+            .await?;
+        let client = server.with_database(config.database.clone());
+        for statement in schema_statements() {
+            run(client.query(&statement).execute()).await?;
+        }
+        let version: u32 =
+            run(client.query("SELECT max(version) FROM schema_version").fetch_one()).await?;
+        if version < SCHEMA_VERSION {
+            run(client
+                .query("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)")
+                .bind(SCHEMA_VERSION)
+                .bind(crate::now_ms())
+                .execute())
+            .await?;
+        }
+        // Versions must keep rising across restarts even if the wall clock
+        // went back: start above everything stored.
+        let mut highest = 0u64;
+        for (table, column) in [
+            ("events", "seq"),
+            ("workspaces", "version"),
+            ("businesses", "version"),
+            ("api_keys", "version"),
+            ("message_ids", "version"),
+            ("gateway_sessions", "version"),
+        ] {
+            let max: u64 =
+                run(client.query(&format!("SELECT max({column}) FROM {table}")).fetch_one())
+                    .await?;
+            highest = highest.max(max);
+        }
+        Ok(ClickHouseStore {
+            client,
+            locks: Mutex::new(HashMap::new()),
+            clock: Clock(AtomicU64::new(highest)),
+            businesses: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The lock that serializes check-then-write calls for `scope` (a
+    /// workspace id, or `""` for workspaces and keys).
+    fn lock_for(&self, scope: &str) -> Result<Arc<tokio::sync::Mutex<()>>> {
+        let mut locks = self.locks.lock().map_err(|_| Error::internal("lock table poisoned"))?;
+        Ok(Arc::clone(locks.entry(scope.to_owned()).or_default()))
+    }
+
+    async fn insert_rows<T>(&self, table: &str, rows: &[T::Value<'_>]) -> Result<()>
+    where
+        T: clickhouse::RowWrite,
+    {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        run(async {
+            let mut insert = self.client.insert::<T>(table).await?;
+            for row in rows {
+                insert.write(row).await?;
+            }
+            insert.end().await
+        })
+        .await
+    }
+
+    async fn business_exists_impl(&self, ws: &str, business_id: &str) -> Result<bool> {
+        let key = (ws.to_owned(), business_id.to_owned());
+        if self.businesses.lock().map_err(|_| Error::internal("poisoned"))?.contains(&key) {
+            return Ok(true);
+        }
+        let found: u64 = run(self
+            .client
+            .query("SELECT count() FROM businesses WHERE workspace_id = ? AND id = ?")
+            .bind(ws)
+            .bind(business_id)
+            .fetch_one())
+        .await?;
+        if found > 0 {
+            self.businesses.lock().map_err(|_| Error::internal("poisoned"))?.insert(key);
+        }
+        Ok(found > 0)
+    }
+
+    /// Registers the businesses an ingest names that are not known yet.
+    async fn register_businesses(&self, ws: &str, ids: &[String]) -> Result<()> {
+        let mut missing = Vec::new();
+        for id in ids {
+            if !self.business_exists_impl(ws, id).await? {
+                missing.push(id.as_str());
+            }
+        }
+        let now = crate::now_ms();
+        let rows: Vec<BusinessRow<'_>> = missing
+            .iter()
+            .map(|id| BusinessRow {
+                workspace_id: ws,
+                id,
+                name: id,
+                created_at: now,
+                version: self.clock.next(),
+            })
+            .collect();
+        self.insert_rows::<BusinessRow<'_>>("businesses", &rows).await?;
+        let mut known = self.businesses.lock().map_err(|_| Error::internal("poisoned"))?;
+        for id in missing {
+            known.insert((ws.to_owned(), id.to_owned()));
+        }
+        Ok(())
+    }
+
+    async fn count_events_ingested(&self, ws: &str, inserted: usize) -> Result<()> {
+        if inserted == 0 {
+            return Ok(());
+        }
+        let row = UsageRow {
+            workspace_id: ws,
+            day: crate::now_ms().div_euclid(DAY_MS),
+            events_ingested: inserted as u64,
+            api_calls: 0,
+        };
+        self.insert_rows::<UsageRow<'_>>("usage_daily", &[row]).await
+    }
+
+    async fn key_by_hash(&self, hash: &str) -> Result<Option<ApiKeyRecord>> {
+        let rows: Vec<KeyRead> = run(self
+            .client
+            .query(&format!("{KEY_SELECT} WHERE key_hash = ? GROUP BY workspace_id, id"))
+            .bind(hash)
+            .fetch_all())
+        .await?;
+        Ok(rows.into_iter().find(|r| r.key_hash == hash).map(KeyRead::into_record))
+    }
+}
+
+#[async_trait]
+impl Store for ClickHouseStore {
+    async fn ping(&self) -> Result<()> {
+        match tokio::time::timeout(PING_TIMEOUT, self.client.query("SELECT 1").fetch_one::<u8>())
+            .await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(classify(e)),
+            Err(_) => Err(Error::Unavailable { retry_after_secs: RETRY_AFTER_SECS }),
+        }
+    }
+
+    async fn create_workspace(&self, workspace: &Workspace) -> Result<()> {
+        let lock = self.lock_for("")?;
+        let _guard = lock.lock().await;
+        if self.workspace_exists(&workspace.id).await? {
+            return Err(Error::Conflict(format!("workspace {} exists", workspace.id)));
+        }
+        let row = WorkspaceRow {
+            id: &workspace.id,
+            name: &workspace.name,
+            created_at: workspace.created_at,
+            version: self.clock.next(),
+        };
+        self.insert_rows::<WorkspaceRow<'_>>("workspaces", &[row]).await?;
+        let business = BusinessRow {
+            workspace_id: &workspace.id,
+            id: "default",
+            name: &workspace.name,
+            created_at: workspace.created_at,
+            version: self.clock.next(),
+        };
+        self.insert_rows::<BusinessRow<'_>>("businesses", &[business]).await
+    }
+
+    async fn workspace_exists(&self, workspace_id: &str) -> Result<bool> {
+        let found: u64 = run(self
+            .client
+            .query("SELECT count() FROM workspaces WHERE id = ?")
+            .bind(workspace_id)
+            .fetch_one())
+        .await?;
+        Ok(found > 0)
+    }
+
+    async fn count_workspaces(&self) -> Result<u64> {
+        run(self.client.query("SELECT uniqExact(id) FROM workspaces").fetch_one()).await
+    }
+
+    async fn insert_api_key(&self, key: NewApiKey) -> Result<ApiKeyRecord> {
+        let lock = self.lock_for("")?;
+        let _guard = lock.lock().await;
+        if let Some(stored) = self.key_by_hash(&key.hash).await? {
+            return Ok(stored);
+        }
+        let r = &key.record;
+        let scopes = r.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ");
+        let row = ApiKeyRow {
+            workspace_id: &r.workspace_id,
+            id: &r.id,
+            key_hash: &key.hash,
+            name: &r.name,
+            hint: &r.hint,
+            scopes: &scopes,
+            created_at: r.created_at,
+            revoked_at: r.revoked_at.unwrap_or(0),
+            version: self.clock.next(),
+        };
+        self.insert_rows::<ApiKeyRow<'_>>("api_keys", &[row]).await?;
+        self.key_by_hash(&key.hash)
+            .await?
+            .ok_or_else(|| Error::internal("api key not readable after insert"))
+    }
+
+    async fn find_api_key(&self, hash: &str) -> Result<Option<ApiKeyRecord>> {
+        Ok(self.key_by_hash(hash).await?.filter(|k| k.revoked_at.is_none()))
+    }
+
+    async fn list_api_keys(&self, workspace_id: &str) -> Result<Vec<ApiKeyRecord>> {
+        let rows: Vec<KeyRead> = run(self
+            .client
+            .query(&format!(
+                "{KEY_SELECT} WHERE workspace_id = ? GROUP BY workspace_id, id
+                 ORDER BY k_created_at, id"
+            ))
+            .bind(workspace_id)
+            .fetch_all())
+        .await?;
+        Ok(rows.into_iter().map(KeyRead::into_record).collect())
+    }
+
+    async fn revoke_api_key(&self, workspace_id: &str, key_id: &str) -> Result<bool> {
+        let lock = self.lock_for("")?;
+        let _guard = lock.lock().await;
+        let rows: Vec<KeyRead> = run(self
+            .client
+            .query(&format!(
+                "{KEY_SELECT} WHERE workspace_id = ? AND id = ? GROUP BY workspace_id, id"
+            ))
+            .bind(workspace_id)
+            .bind(key_id)
+            .fetch_all())
+        .await?;
+        let Some(stored) = rows.into_iter().next() else {
+            return Ok(false);
+        };
+        if stored.revoked_at != 0 {
+            return Ok(true);
+        }
+        let row = ApiKeyRow {
+            workspace_id,
+            id: key_id,
+            key_hash: &stored.key_hash,
+            name: &stored.name,
+            hint: &stored.hint,
+            scopes: &stored.scopes,
+            created_at: stored.created_at,
+            revoked_at: crate::now_ms(),
+            version: self.clock.next(),
+        };
+        self.insert_rows::<ApiKeyRow<'_>>("api_keys", &[row]).await?;
+        Ok(true)
+    }
+
+    async fn append_events(
+        &self,
+        workspace_id: &str,
+        request: AppendRequest,
+    ) -> Result<AppendResult> {
+        let lock = self.lock_for(workspace_id)?;
+        let _guard = lock.lock().await;
+        events::append(self, workspace_id, request).await
+    }
+
+    async fn list_events(
+        &self,
+        workspace_id: &str,
+        filter: &EventFilter,
+    ) -> Result<Vec<StoredEvent>> {
+        events::list(self, workspace_id, filter).await
+    }
+
+    async fn record_api_calls(&self, workspace_id: &str, day_ms: i64, calls: u64) -> Result<()> {
+        let row = UsageRow {
+            workspace_id,
+            day: day_ms.div_euclid(DAY_MS),
+            events_ingested: 0,
+            api_calls: calls,
+        };
+        self.insert_rows::<UsageRow<'_>>("usage_daily", &[row]).await
+    }
+
+    async fn usage(&self, workspace_id: &str, from_ms: i64, to_ms: i64) -> Result<UsageTotals> {
+        let read: UsageRead = run(self
+            .client
+            .query(
+                "SELECT sum(events_ingested), sum(api_calls) FROM usage_daily
+                 WHERE workspace_id = ? AND day >= ? AND day <= ?",
+            )
+            .bind(workspace_id)
+            .bind(from_ms.div_euclid(DAY_MS))
+            .bind(to_ms.div_euclid(DAY_MS))
+            .fetch_one())
+        .await?;
+        Ok(UsageTotals { events_ingested: read.events_ingested, api_calls: read.api_calls })
+    }
+
+    async fn close(&self) -> Result<()> {
+        // Every write is on the server when its call returns: nothing to
+        // flush.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opgraph_tests::clickhouse::ClickHouse;
+
+    use super::*;
+    use crate::store::queries::{QueryStore, TotalsQuery};
+
+    /// A fresh store on a private server that lives as long as it. Fails
+    /// with the reason when clickhouse-server is not installed.
+    async fn open() -> (ClickHouseStore, ClickHouse) {
+        let server = ClickHouse::start().await.expect("a private ClickHouse server");
+        let config = ClickHouseConfig { url: server.url(), database: "opgraph".into() };
+        let store = ClickHouseStore::open(&config).await.expect("open the ClickHouse store");
+        (store, server)
+    }
+
+    mod conformance {
+        use super::open;
+
+        crate::store_conformance!(core: open);
+    }
+
+    fn event(id: &str) -> crate::store::NewEvent {
+        let event =
+            opgraph_proto::Event::parse_json(&serde_json::json!({"event": "pallet.scanned"}))
+                .expect("event");
+        crate::store::NewEvent { id: id.into(), received_at: crate::now_ms(), event }
+    }
+
+    #[tokio::test]
+    async fn opening_twice_keeps_data_and_schema_version() {
+        let (store, server) = open().await;
+        let request = AppendRequest { events: vec![event("evt_1")], idempotency_key: None };
+        store.append_events("ws", request).await.unwrap();
+        let config = ClickHouseConfig { url: server.url(), database: "opgraph".into() };
+        let reopened = ClickHouseStore::open(&config).await.unwrap();
+        let filter = EventFilter { limit: 10, ..Default::default() };
+        assert_eq!(reopened.list_events("ws", &filter).await.unwrap().len(), 1);
+        let versions: Vec<u32> =
+            reopened.client.query("SELECT version FROM schema_version").fetch_all().await.unwrap();
+        assert_eq!(versions, [SCHEMA_VERSION]);
+        // Versions keep rising across the reopen.
+        assert!(reopened.clock.next() > store.clock.next() - 1_000_000);
+    }
+
+    #[tokio::test]
+    async fn calls_not_offered_yet_answer_501_never_empty() {
+        let (store, _server) = open().await;
+        let err = store.event_totals("ws", &TotalsQuery::default()).await.unwrap_err();
+        assert!(matches!(err, Error::NotImplemented(..)), "{err:?}");
+        let response = axum::response::IntoResponse::into_response(err);
+        assert_eq!(response.status(), axum::http::StatusCode::NOT_IMPLEMENTED);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_server_is_unavailable_and_recovery_needs_nothing() {
+        let (store, mut server) = open().await;
+        server.kill();
+        assert!(matches!(store.ping().await, Err(Error::Unavailable { .. })));
+        let request = AppendRequest { events: vec![event("evt_1")], idempotency_key: None };
+        let err = store.append_events("ws", request.clone()).await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+        let response = axum::response::IntoResponse::into_response(err);
+        assert_eq!(response.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().contains_key(axum::http::header::RETRY_AFTER));
+
+        server.restart().await.unwrap();
+        store.ping().await.unwrap();
+        let stored = store.append_events("ws", request).await.unwrap();
+        assert_eq!(stored.inserted, 1);
+    }
+
+    #[test]
+    fn schema_statements_split_cleanly() {
+        let statements = schema_statements();
+        assert!(statements.len() >= 9, "{statements:?}");
+        assert!(statements.iter().all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));
+        assert!(statements.iter().all(|s| !s.contains(';')));
+    }
+}

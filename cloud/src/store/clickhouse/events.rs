@@ -1,0 +1,360 @@
+//! Event rows on ClickHouse: flattening, exactly-once appends, listing.
+//!
+//! The columns lifted out of the envelope are the embedded store's
+//! (`docs/storage.md`), with `''` for an absent text and `has_revenue`
+//! beside `revenue`.
+
+use std::collections::{HashMap, HashSet};
+
+use clickhouse::Row;
+use opgraph_proto::Party;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::{ClickHouseStore, run};
+use crate::error::{Error, Result};
+use crate::store::{
+    AppendRequest, AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent,
+};
+
+/// Ids looked up per query: keeps the SQL text far below ClickHouse's
+/// `max_query_size` (256 KiB).
+const LOOKUP_CHUNK: usize = 500;
+
+/// One `events` row, in the table's column order.
+#[derive(Row, Serialize, Debug, Clone)]
+pub(super) struct EventRow {
+    pub(super) workspace_id: String,
+    pub(super) id: String,
+    pub(super) business_id: String,
+    pub(super) event: String,
+    pub(super) ts: i64,
+    /// `ts` in seconds (DateTime is unsigned 32-bit: clamped).
+    pub(super) time: u32,
+    pub(super) received_at: i64,
+    pub(super) seq: u64,
+    pub(super) actor_type: String,
+    pub(super) actor_id: String,
+    pub(super) object_type: String,
+    pub(super) object_id: String,
+    pub(super) trace_id: String,
+    pub(super) decision_id: String,
+    pub(super) trust_tier: String,
+    pub(super) message_id: String,
+    pub(super) trackable_code: String,
+    pub(super) has_revenue: u8,
+    pub(super) revenue: f64,
+    pub(super) source: String,
+    pub(super) channel: String,
+    pub(super) campaign: String,
+    pub(super) envelope: String,
+}
+
+/// `ts` (ms) as the `time` column's seconds.
+pub(super) fn seconds(ts: i64) -> u32 {
+    u32::try_from(ts.div_euclid(1000).max(0)).unwrap_or(u32::MAX)
+}
+
+fn party_columns(party: Option<&Party>) -> (String, String) {
+    match party {
+        None => (String::new(), String::new()),
+        Some(Party::Name(name)) => (String::new(), name.clone()),
+        Some(Party::Ref { kind, id, .. }) => (kind.clone(), id.clone()),
+    }
+}
+
+fn text_at(map: Option<&Map<String, Value>>, key: &str) -> Option<String> {
+    match map?.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn number_at(map: Option<&Map<String, Value>>, key: &str) -> Option<f64> {
+    match map?.get(key)? {
+        Value::Number(n) => n.as_f64().filter(|v| v.is_finite()),
+        Value::String(s) => s.parse::<f64>().ok().filter(|v| v.is_finite()),
+        _ => None,
+    }
+}
+
+/// Flattens an event; `seq` is filled in when the row is stored.
+pub(super) fn to_row(ws: &str, new: NewEvent) -> EventRow {
+    let NewEvent { id, received_at, event: e } = new;
+    let (actor_type, actor_id) = party_columns(e.actor.as_ref());
+    let (object_type, object_id) = party_columns(e.object.as_ref());
+    let revenue = number_at(e.outcome.as_ref(), "revenue")
+        .or_else(|| number_at(e.attribution.as_ref(), "revenue"));
+    let ts = e.timestamp.unwrap_or(received_at);
+    EventRow {
+        workspace_id: ws.to_owned(),
+        business_id: e.business_id.clone().unwrap_or_else(|| "default".into()),
+        ts,
+        time: seconds(ts),
+        seq: 0,
+        trust_tier: e.trust_tier.map_or("T0", |t| t.as_str()).to_owned(),
+        trace_id: e.trace_id.clone().unwrap_or_default(),
+        decision_id: e.decision_id.clone().unwrap_or_default(),
+        message_id: e.message_id.clone().unwrap_or_default(),
+        trackable_code: text_at(e.trackable.as_ref(), "code").unwrap_or_default(),
+        source: text_at(e.attribution.as_ref(), "source")
+            .or_else(|| text_at(e.source.as_ref(), "source"))
+            .unwrap_or_default(),
+        channel: text_at(e.source.as_ref(), "channel")
+            .or_else(|| text_at(e.attribution.as_ref(), "channel"))
+            .unwrap_or_default(),
+        campaign: text_at(e.source.as_ref(), "campaign")
+            .or_else(|| text_at(e.attribution.as_ref(), "campaign"))
+            .unwrap_or_default(),
+        has_revenue: u8::from(revenue.is_some()),
+        revenue: revenue.unwrap_or(0.0),
+        envelope: e.to_json().to_string(),
+        event: e.event,
+        actor_type,
+        actor_id,
+        object_type,
+        object_id,
+        id,
+        received_at,
+    }
+}
+
+#[derive(Row, Serialize)]
+struct MessageIdRow<'a> {
+    workspace_id: &'a str,
+    message_id: &'a str,
+    id: &'a str,
+    version: u64,
+}
+
+#[derive(Row, Serialize)]
+struct IdempotencyRow<'a> {
+    workspace_id: &'a str,
+    key: &'a str,
+    response: &'a str,
+    created_at: i64,
+}
+
+#[derive(Row, Deserialize)]
+struct IdempotencyRead {
+    response: String,
+    created_at: i64,
+}
+
+#[derive(Row, Deserialize)]
+struct MessageRead {
+    message_id: String,
+    id: String,
+}
+
+#[derive(Row, Deserialize)]
+struct ListRead {
+    id: String,
+    received_at: i64,
+    envelope: String,
+}
+
+/// `?, ?, ?` for `n` values.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// Which of `rows`' ids are stored already. Looked up through the table's
+/// key: the event names and the time span of the rows narrow the search to
+/// a few granules, the ids decide.
+pub(super) async fn stored_ids(
+    store: &ClickHouseStore,
+    ws: &str,
+    rows: &[EventRow],
+) -> Result<HashSet<String>> {
+    let mut found = HashSet::new();
+    for chunk in rows.chunks(LOOKUP_CHUNK) {
+        let names: HashSet<&str> = chunk.iter().map(|r| r.event.as_str()).collect();
+        let (low, high) =
+            chunk.iter().fold((i64::MAX, i64::MIN), |(lo, hi), r| (lo.min(r.ts), hi.max(r.ts)));
+        let sql = format!(
+            "SELECT id FROM events WHERE workspace_id = ? AND event IN ({}) AND ts >= ?
+             AND ts <= ? AND time >= toDateTime(?) AND time <= toDateTime(?) AND id IN ({})",
+            placeholders(names.len()),
+            placeholders(chunk.len())
+        );
+        let mut query = store.client.query(&sql).bind(ws);
+        for name in names {
+            query = query.bind(name);
+        }
+        query = query.bind(low).bind(high).bind(seconds(low)).bind(seconds(high));
+        for row in chunk {
+            query = query.bind(row.id.as_str());
+        }
+        let ids: Vec<String> = run(query.fetch_all()).await?;
+        found.extend(ids);
+    }
+    Ok(found)
+}
+
+/// The first event id stored for each of these `messageId`s.
+async fn stored_message_ids(
+    store: &ClickHouseStore,
+    ws: &str,
+    message_ids: &[&str],
+) -> Result<HashMap<String, String>> {
+    let mut found = HashMap::new();
+    for chunk in message_ids.chunks(LOOKUP_CHUNK) {
+        let sql = format!(
+            "SELECT message_id, argMin(id, version) FROM message_ids
+             WHERE workspace_id = ? AND message_id IN ({}) GROUP BY message_id",
+            placeholders(chunk.len())
+        );
+        let mut query = store.client.query(&sql).bind(ws);
+        for id in chunk {
+            query = query.bind(*id);
+        }
+        let rows: Vec<MessageRead> = run(query.fetch_all()).await?;
+        found.extend(rows.into_iter().map(|r| (r.message_id, r.id)));
+    }
+    Ok(found)
+}
+
+/// Stores the rows not stored yet (the caller holds the workspace's lock):
+/// one insert for the events, then the `messageId` ledger, businesses and
+/// usage. Returns each row's id (the first one stored for a replay) and
+/// how many rows were added.
+pub(super) async fn store_rows(
+    store: &ClickHouseStore,
+    ws: &str,
+    rows: Vec<EventRow>,
+) -> Result<(Vec<String>, usize)> {
+    let stored = stored_ids(store, ws, &rows).await?;
+    let message_ids: Vec<&str> =
+        rows.iter().map(|r| r.message_id.as_str()).filter(|m| !m.is_empty()).collect();
+    let mut by_message = if message_ids.is_empty() {
+        HashMap::new()
+    } else {
+        stored_message_ids(store, ws, &message_ids).await?
+    };
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut fresh = Vec::new();
+    for mut row in rows {
+        if !row.message_id.is_empty()
+            && let Some(first) = by_message.get(&row.message_id)
+        {
+            ids.push(first.clone());
+            continue;
+        }
+        if stored.contains(&row.id) || !seen.insert(row.id.clone()) {
+            ids.push(row.id);
+            continue;
+        }
+        if !row.message_id.is_empty() {
+            by_message.insert(row.message_id.clone(), row.id.clone());
+        }
+        row.seq = store.clock.next();
+        ids.push(row.id.clone());
+        fresh.push(row);
+    }
+    store.insert_rows::<EventRow>("events", &fresh).await?;
+    let version = store.clock.next();
+    let ledger: Vec<MessageIdRow<'_>> = fresh
+        .iter()
+        .filter(|r| !r.message_id.is_empty())
+        .map(|r| MessageIdRow { workspace_id: ws, message_id: &r.message_id, id: &r.id, version })
+        .collect();
+    store.insert_rows::<MessageIdRow<'_>>("message_ids", &ledger).await?;
+    let mut businesses: Vec<String> = Vec::new();
+    for row in &fresh {
+        if !businesses.contains(&row.business_id) {
+            businesses.push(row.business_id.clone());
+        }
+    }
+    store.register_businesses(ws, &businesses).await?;
+    store.count_events_ingested(ws, fresh.len()).await?;
+    Ok((ids, fresh.len()))
+}
+
+/// [`crate::store::Store::append_events`]; the caller holds the lock.
+pub(super) async fn append(
+    store: &ClickHouseStore,
+    ws: &str,
+    request: AppendRequest,
+) -> Result<AppendResult> {
+    let now = crate::now_ms();
+    if let Some(key) = &request.idempotency_key {
+        let stored: Vec<IdempotencyRead> = run(store
+            .client
+            .query(
+                "SELECT argMax(response, created_at), max(created_at) FROM idempotency_keys
+                 WHERE workspace_id = ? AND key = ? GROUP BY workspace_id, key",
+            )
+            .bind(ws)
+            .bind(key.as_str())
+            .fetch_all())
+        .await?;
+        if let Some(first) = stored.into_iter().next()
+            && now - first.created_at < IDEMPOTENCY_WINDOW_MS
+        {
+            let ids: Vec<String> =
+                serde_json::from_str(&first.response).map_err(Error::internal)?;
+            return Ok(AppendResult { ids, inserted: 0 });
+        }
+    }
+    let rows = request.events.into_iter().map(|e| to_row(ws, e)).collect();
+    let (ids, inserted) = store_rows(store, ws, rows).await?;
+    if let Some(key) = &request.idempotency_key {
+        let response = serde_json::to_string(&ids).map_err(Error::internal)?;
+        let row = IdempotencyRow { workspace_id: ws, key, response: &response, created_at: now };
+        store.insert_rows::<IdempotencyRow<'_>>("idempotency_keys", &[row]).await?;
+    }
+    Ok(AppendResult { ids, inserted })
+}
+
+/// Newest first, ties in insertion order (newest first too), as on the
+/// embedded store.
+pub(super) async fn list(
+    store: &ClickHouseStore,
+    ws: &str,
+    filter: &EventFilter,
+) -> Result<Vec<StoredEvent>> {
+    let mut sql =
+        String::from("SELECT id, received_at, envelope FROM events WHERE workspace_id = ?");
+    let mut texts: Vec<&str> = vec![ws];
+    if let Some(event) = &filter.event {
+        sql.push_str(" AND event = ?");
+        texts.push(event);
+    }
+    if let Some(trace) = &filter.trace_id {
+        sql.push_str(" AND trace_id = ?");
+        texts.push(trace);
+    }
+    if let Some(business) = &filter.business_id {
+        sql.push_str(" AND business_id = ?");
+        texts.push(business);
+    }
+    let mut numbers: Vec<i64> = Vec::new();
+    if let Some(from) = filter.from {
+        // `time` repeats the bound so that whole months are skipped.
+        sql.push_str(" AND ts >= ? AND time >= toDateTime(?)");
+        numbers.extend([from, i64::from(seconds(from))]);
+    }
+    if let Some(to) = filter.to {
+        sql.push_str(" AND ts < ? AND time <= toDateTime(?)");
+        numbers.extend([to, i64::from(seconds(to.saturating_sub(1)))]);
+    }
+    sql.push_str(" ORDER BY ts DESC, seq DESC LIMIT ?");
+    let mut query = store.client.query(&sql);
+    for text in texts {
+        query = query.bind(text);
+    }
+    for number in numbers {
+        query = query.bind(number);
+    }
+    query = query.bind(u64::try_from(filter.limit).unwrap_or(u64::MAX));
+    let rows: Vec<ListRead> = run(query.fetch_all()).await?;
+    rows.into_iter()
+        .map(|r| {
+            let envelope = serde_json::from_str(&r.envelope).map_err(Error::internal)?;
+            Ok(StoredEvent { id: r.id, received_at: r.received_at, envelope })
+        })
+        .collect()
+}

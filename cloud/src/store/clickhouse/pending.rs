@@ -1,0 +1,248 @@
+//! What the ClickHouse store does not offer yet: every call answers
+//! [`Error::NotImplemented`] (HTTP 501), never an empty result that a
+//! client could take for "no data". `docs/storage.md` lists what is done.
+
+use async_trait::async_trait;
+
+use super::ClickHouseStore;
+use crate::error::{Error, Result};
+use crate::governance::DecisionStatus;
+use crate::store::NewEvent;
+use crate::store::StoredEvent;
+use crate::store::connectors::{ConnectorRecord, ConnectorStore, ConnectorUpsert, SyncRecord};
+use crate::store::governance::{
+    AuthorityGrant, ContextContract, DecideReceipt, Decision, EnforcementRefs, ExportReceipt,
+    GovernanceStore, ProofTrail, ProofTrailSummary, Receipt, ReceiptFilter, ReceiptRow,
+    TrackingPlan,
+};
+use crate::store::queries::{
+    ActorActivity, Attribution, AttributionQuery, ConnectorLoad, Entity, FunnelQuery,
+    MetricDefinition, MetricSnapshot, QueryStore, Range, Relationship, RunQuery, RunSummary,
+    SearchQuery, SearchResult, SeriesPoint, SeriesQuery, Totals, TotalsQuery,
+};
+use crate::store::trackables::{
+    CreateTrackable, ScanTarget, Trackable, TrackableStore, TrackableUsage,
+};
+
+fn pending<T>(what: &'static str) -> Result<T> {
+    Err(Error::NotImplemented(what, "ClickHouse"))
+}
+
+#[async_trait]
+impl QueryStore for ClickHouseStore {
+    async fn event_totals(&self, _: &str, _: &TotalsQuery) -> Result<Totals> {
+        pending("event totals")
+    }
+    async fn event_series(&self, _: &str, _: &SeriesQuery) -> Result<Vec<SeriesPoint>> {
+        pending("event series")
+    }
+    async fn funnel(&self, _: &str, _: &FunnelQuery) -> Result<Vec<u64>> {
+        pending("funnels")
+    }
+    async fn attribution(&self, _: &str, _: &AttributionQuery) -> Result<Attribution> {
+        pending("attribution")
+    }
+    async fn search_events(&self, _: &str, _: &SearchQuery) -> Result<SearchResult> {
+        pending("search")
+    }
+    async fn runs(&self, _: &str, _: &RunQuery) -> Result<Vec<RunSummary>> {
+        pending("runs")
+    }
+    async fn actor_activity(
+        &self,
+        _: &str,
+        _: Range,
+        _: &[&str],
+        _: Option<&str>,
+        _: usize,
+    ) -> Result<Vec<ActorActivity>> {
+        pending("actor activity")
+    }
+    async fn proof_gaps(
+        &self,
+        _: &str,
+        _: Range,
+        _: Option<&str>,
+        _: usize,
+    ) -> Result<Vec<StoredEvent>> {
+        pending("proof gaps")
+    }
+    async fn connector_loads(&self, _: &str, _: i64) -> Result<Vec<ConnectorLoad>> {
+        pending("connector loads")
+    }
+    async fn business_exists(&self, ws: &str, business_id: &str) -> Result<bool> {
+        self.business_exists_impl(ws, business_id).await
+    }
+    async fn list_entities(&self, _: &str, _: Option<&str>, _: usize) -> Result<Vec<Entity>> {
+        pending("entities")
+    }
+    async fn list_relationships(
+        &self,
+        _: &str,
+        _: Option<(&str, &str)>,
+        _: usize,
+    ) -> Result<Vec<Relationship>> {
+        pending("relationships")
+    }
+    async fn insert_metric_definition(&self, _: &str, _: &MetricDefinition) -> Result<()> {
+        pending("metric definitions")
+    }
+    async fn list_metric_definitions(&self, _: &str, _: usize) -> Result<Vec<MetricDefinition>> {
+        pending("metric definitions")
+    }
+    async fn evaluate_metric(
+        &self,
+        _: &str,
+        _: &MetricDefinition,
+        _: Range,
+        _: Option<&str>,
+    ) -> Result<(u64, f64)> {
+        pending("metrics")
+    }
+    async fn insert_metric_snapshots(&self, _: &str, _: &[MetricSnapshot]) -> Result<()> {
+        pending("metric snapshots")
+    }
+    async fn list_metric_snapshots(&self, _: &str, _: usize) -> Result<Vec<MetricSnapshot>> {
+        pending("metric snapshots")
+    }
+}
+
+#[async_trait]
+impl GovernanceStore for ClickHouseStore {
+    async fn insert_decision(&self, _: &str, _: &Decision, _: Vec<NewEvent>) -> Result<()> {
+        pending("decisions")
+    }
+    async fn get_decision(&self, _: &str, _: &str) -> Result<Option<Decision>> {
+        pending("decisions")
+    }
+    async fn list_decisions(
+        &self,
+        _: &str,
+        _: Option<DecisionStatus>,
+        _: usize,
+    ) -> Result<Vec<Decision>> {
+        pending("decisions")
+    }
+    async fn update_decision(
+        &self,
+        _: &str,
+        _: DecisionStatus,
+        _: &Decision,
+        _: Vec<NewEvent>,
+    ) -> Result<bool> {
+        pending("decisions")
+    }
+    async fn insert_grant(&self, _: &str, _: &AuthorityGrant) -> Result<()> {
+        pending("authority grants")
+    }
+    async fn get_grant(&self, _: &str, _: &str) -> Result<Option<AuthorityGrant>> {
+        pending("authority grants")
+    }
+    async fn list_grants(&self, _: &str, _: usize) -> Result<Vec<AuthorityGrant>> {
+        pending("authority grants")
+    }
+    async fn revoke_grant(
+        &self,
+        _: &str,
+        _: &str,
+        _: i64,
+        _: Vec<NewEvent>,
+    ) -> Result<Option<AuthorityGrant>> {
+        pending("authority grants")
+    }
+    async fn insert_contract(&self, _: &str, _: &ContextContract) -> Result<()> {
+        pending("context contracts")
+    }
+    async fn get_contract(&self, _: &str, _: &str) -> Result<Option<ContextContract>> {
+        pending("context contracts")
+    }
+    async fn list_contracts(&self, _: &str, _: usize) -> Result<Vec<ContextContract>> {
+        pending("context contracts")
+    }
+    async fn insert_tracking_plan(&self, _: &str, _: &TrackingPlan) -> Result<()> {
+        pending("tracking plans")
+    }
+    async fn get_tracking_plan(&self, _: &str, _: &str) -> Result<Option<TrackingPlan>> {
+        pending("tracking plans")
+    }
+    async fn list_tracking_plans(&self, _: &str, _: usize) -> Result<Vec<TrackingPlan>> {
+        pending("tracking plans")
+    }
+    async fn record_enforcement(
+        &self,
+        _: &str,
+        _: &str,
+        _: &EnforcementRefs,
+        _: DecideReceipt,
+    ) -> Result<Receipt> {
+        pending("enforcement receipts")
+    }
+    async fn list_receipts(&self, _: &str, _: &ReceiptFilter) -> Result<Vec<ReceiptRow>> {
+        pending("enforcement receipts")
+    }
+    async fn get_receipts(&self, _: &str, _: &[String]) -> Result<Vec<ReceiptRow>> {
+        pending("enforcement receipts")
+    }
+    async fn receipt_chain_page(
+        &self,
+        _: &str,
+        _: Option<(String, i64)>,
+        _: usize,
+    ) -> Result<Vec<ReceiptRow>> {
+        pending("enforcement receipts")
+    }
+    async fn insert_proof_trail(&self, _: &str, _: &ProofTrail) -> Result<()> {
+        pending("proof trails")
+    }
+    async fn get_proof_trail(&self, _: &str, _: &str) -> Result<Option<ProofTrail>> {
+        pending("proof trails")
+    }
+    async fn list_proof_trails(&self, _: &str, _: usize) -> Result<Vec<ProofTrailSummary>> {
+        pending("proof trails")
+    }
+    async fn insert_export_receipt(&self, _: &str, _: &ExportReceipt) -> Result<()> {
+        pending("export receipts")
+    }
+    async fn list_export_receipts(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: usize,
+    ) -> Result<Vec<ExportReceipt>> {
+        pending("export receipts")
+    }
+}
+
+#[async_trait]
+impl TrackableStore for ClickHouseStore {
+    async fn create_trackable(&self, _: &str, _: &Trackable) -> Result<CreateTrackable> {
+        pending("trackables")
+    }
+    async fn list_trackables(&self, _: &str, _: usize) -> Result<Vec<Trackable>> {
+        pending("trackables")
+    }
+    async fn get_trackable(&self, _: &str, _: &str) -> Result<Option<(Trackable, TrackableUsage)>> {
+        pending("trackables")
+    }
+    async fn trackable_by_code(&self, _: &str, _: &str) -> Result<Option<Trackable>> {
+        pending("trackables")
+    }
+    async fn scan_target(&self, _: &str) -> Result<Option<ScanTarget>> {
+        pending("trackables")
+    }
+}
+
+#[async_trait]
+impl ConnectorStore for ClickHouseStore {
+    async fn upsert_connector_records(
+        &self,
+        _: &str,
+        _: Vec<ConnectorRecord>,
+        _: SyncRecord,
+    ) -> Result<ConnectorUpsert> {
+        pending("connector records")
+    }
+    async fn list_connector_syncs(&self, _: &str, _: usize) -> Result<Vec<SyncRecord>> {
+        pending("connector syncs")
+    }
+}

@@ -1,0 +1,117 @@
+-- The ClickHouse store's schema (docs/storage.md, "ClickHouse").
+--
+-- Applied statement by statement at every start of opgraph-cloud with
+-- OPGRAPH_STORE=clickhouse; every statement is idempotent. Valid on
+-- ClickHouse 18.16 (Debian's package) and on current releases: no
+-- DateTime64, Map, JSON functions, CODEC, TTL, skip indexes or CTEs.
+-- Statements are separated by a semicolon at the end of a line.
+--
+-- Conventions: times are milliseconds since the epoch in Int64 columns; an
+-- absent optional text is ''. Metadata tables are ReplacingMergeTree on a
+-- `version` column; the store reads them with argMax(..., version) grouped
+-- by the key, which is exact whether or not parts have been merged yet.
+
+CREATE TABLE IF NOT EXISTS schema_version (
+    version UInt32,
+    applied_at Int64
+) ENGINE = MergeTree() ORDER BY version;
+
+-- One row per event. `time` is `ts` in seconds: months partition on it, and
+-- range filters repeat it so that whole months are skipped. The key serves
+-- the event-name and time filters of the API, and finds one event by
+-- (event, ts, id) for exactly-once storage. `seq` is insertion order, for
+-- stable ties between equal timestamps.
+CREATE TABLE IF NOT EXISTS events (
+    workspace_id String,
+    id String,
+    business_id String,
+    event String,
+    ts Int64,
+    time DateTime,
+    received_at Int64,
+    seq UInt64,
+    actor_type String,
+    actor_id String,
+    object_type String,
+    object_id String,
+    trace_id String,
+    decision_id String,
+    trust_tier String,
+    message_id String,
+    trackable_code String,
+    has_revenue UInt8,
+    revenue Float64,
+    source String,
+    channel String,
+    campaign String,
+    envelope String
+) ENGINE = MergeTree()
+PARTITION BY toYYYYMM(time)
+ORDER BY (workspace_id, event, ts, id);
+
+CREATE TABLE IF NOT EXISTS workspaces (
+    id String,
+    name String,
+    created_at Int64,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY id;
+
+CREATE TABLE IF NOT EXISTS businesses (
+    workspace_id String,
+    id String,
+    name String,
+    created_at Int64,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+-- Only the SHA-256 of a key is kept. A revocation is a newer version with
+-- revoked_at set (0: active).
+CREATE TABLE IF NOT EXISTS api_keys (
+    workspace_id String,
+    id String,
+    key_hash String,
+    name String,
+    hint String,
+    scopes String,
+    created_at Int64,
+    revoked_at Int64,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+-- Client idempotency: the first event id stored for each messageId.
+CREATE TABLE IF NOT EXISTS message_ids (
+    workspace_id String,
+    message_id String,
+    id String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, message_id);
+
+-- Idempotency-Key: the first answer (JSON array of ids), kept 24 hours.
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    workspace_id String,
+    key String,
+    response String,
+    created_at Int64
+) ENGINE = ReplacingMergeTree(created_at) ORDER BY (workspace_id, key);
+
+-- Daily counters: every write adds a row, reads sum, merges only compact.
+CREATE TABLE IF NOT EXISTS usage_daily (
+    workspace_id String,
+    day Int64,
+    events_ingested UInt64,
+    api_calls UInt64
+) ENGINE = SummingMergeTree() ORDER BY (workspace_id, day);
+
+-- Gateway delivery: per gateway, the session epoch and the cumulative ack.
+-- A new version is written after the batch's events are stored, so an ack
+-- never runs ahead of the data; a batch redelivered after a crash between
+-- the two writes is recognised by its event ids.
+CREATE TABLE IF NOT EXISTS gateway_sessions (
+    workspace_id String,
+    gateway_id String,
+    epoch UInt64,
+    acked_sequence UInt64,
+    buffer_id String,
+    updated_at Int64,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, gateway_id);
