@@ -24,6 +24,9 @@
 //!   latency on request.
 //! - [`robots`]: a robot fleet running missions over MQTT (`opgraph-sim
 //!   robots`): run lifecycle, telemetry and faults.
+//! - [`fleet`]: many MQTT devices at once, for load (`opgraph-sim fleet`
+//!   and the MQTT benchmark): seeded ~200-byte readings with QoS 1, exact
+//!   per-device counts of what was published and acknowledged.
 //! - [`site`]: a whole local site in one process (`opgraph-site`): cloud,
 //!   gateway and a simulator per device kind, with a live count.
 //! - [`history`]: a long, deterministic history of warehouse, robot and
@@ -36,6 +39,7 @@
 
 pub mod barcode;
 pub mod error;
+pub mod fleet;
 pub mod history;
 pub mod modbus;
 pub mod proxy;

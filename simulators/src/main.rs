@@ -7,6 +7,7 @@ use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 use opgraph_simulators::Error;
 use opgraph_simulators::barcode::{self, BarcodeArgs};
+use opgraph_simulators::fleet::{self, FleetArgs};
 use opgraph_simulators::modbus::{self, ModbusArgs};
 use opgraph_simulators::proxy::cli::{self as proxy_cli, ProxyArgs};
 use opgraph_simulators::rfid::cli::{self as rfid_cli, RfidArgs};
@@ -36,6 +37,9 @@ enum Command {
     Barcode(BarcodeArgs),
     /// A robot fleet running missions over MQTT: runs, telemetry, faults.
     Robots(RobotsArgs),
+    /// Many MQTT devices at once, for load: QoS 1 readings of ~200 bytes,
+    /// then a summary of exactly what was published and acknowledged.
+    Fleet(FleetArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
             Command::Modbus(args) => modbus::run(args).await.map(drop),
             Command::Barcode(args) => barcode::run(args).await.map(drop),
             Command::Robots(args) => robots::run(args).await.map(drop),
+            Command::Fleet(args) => fleet::run(args).await.map(drop),
         }
     });
     match result {

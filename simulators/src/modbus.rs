@@ -18,9 +18,16 @@
 //!
 //! Unmapped addresses read as zero. Misbehaviour on request: every Nth
 //! request answered with a Modbus exception (`--exception-every`), a delay
-//! before each answer (`--latency`). Prints `listening modbus=ADDR` (or
-//! the RTU link's path) once ready; on SIGTERM or Ctrl-C, `summary {json}`
-//! with the requests served and exceptions sent.
+//! before each answer (`--latency`), every Nth request ending in a
+//! disconnect (`--disconnect-every`: over TCP the connection is closed
+//! instead of answered; over RTU the answer never comes, a device dropping
+//! off the line) and, over RTU, every Nth answer sent with a wrong CRC
+//! (`--crc-error-every`). Over RTU the device's answers pass through a
+//! relay between two pseudo-terminal pairs, which garbles or swallows them
+//! (tokio-modbus computes the CRC itself). Prints `listening modbus=ADDR`
+//! (or the RTU link's path) once ready; on SIGTERM or Ctrl-C, `summary
+//! {json}` with the requests served and the exceptions, disconnects and
+//! wrong CRCs sent.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -28,14 +35,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use opgraph_gateway::source::modbus::Table;
+use opgraph_gateway::source::modbus::rtu::reply_len;
 use opgraph_gateway::source::modbus::value::{self, Order, ValueType};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_modbus::server::tcp::{Server, accept_tcp_connection};
 use tokio_modbus::{ExceptionCode, Request, Response};
@@ -62,6 +72,13 @@ pub struct ModbusArgs {
     /// Delay before each answer, e.g. 50ms.
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub latency: Duration,
+    /// Every Nth request is not answered: over TCP the connection is
+    /// closed, over RTU the line stays silent; 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub disconnect_every: u64,
+    /// RTU only: every Nth answer goes out with a wrong CRC; 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub crc_error_every: u64,
 }
 
 fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
@@ -147,6 +164,18 @@ impl Tables {
 struct Counters {
     requests: AtomicU64,
     exceptions: AtomicU64,
+    disconnects: AtomicU64,
+    crc_errors: AtomicU64,
+}
+
+/// What to do to the answer being written, set by [`Device::call`] for one
+/// connection (TCP) or the line (RTU).
+#[derive(Debug, Default)]
+struct Misdeeds {
+    /// TCP: fail the write, which closes the connection; RTU: swallow it.
+    cut: AtomicBool,
+    /// RTU: flip the CRC's last byte.
+    garble: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -155,6 +184,9 @@ struct Device {
     counters: Arc<Counters>,
     exception_every: u64,
     latency: Duration,
+    disconnect_every: u64,
+    crc_error_every: u64,
+    misdeeds: Arc<Misdeeds>,
 }
 
 type Answer = Pin<Box<dyn Future<Output = std::result::Result<Response, ExceptionCode>> + Send>>;
@@ -167,7 +199,15 @@ impl tokio_modbus::server::Service for Device {
 
     fn call(&self, request: Request<'static>) -> Answer {
         let n = self.counters.requests.fetch_add(1, Ordering::Relaxed) + 1;
-        let fail = self.exception_every > 0 && n.is_multiple_of(self.exception_every);
+        let every = |k: u64| k > 0 && n.is_multiple_of(k);
+        let fail = every(self.exception_every);
+        if every(self.disconnect_every) {
+            self.counters.disconnects.fetch_add(1, Ordering::Relaxed);
+            self.misdeeds.cut.store(true, Ordering::Relaxed);
+        } else if every(self.crc_error_every) {
+            self.counters.crc_errors.fetch_add(1, Ordering::Relaxed);
+            self.misdeeds.garble.store(true, Ordering::Relaxed);
+        }
         let answer = if fail {
             self.counters.exceptions.fetch_add(1, Ordering::Relaxed);
             Err(ExceptionCode::ServerDeviceFailure)
@@ -214,11 +254,19 @@ pub async fn run(args: ModbusArgs) -> Result<Value> {
     let text = std::fs::read_to_string(&args.map).map_err(Error::io("reading the map"))?;
     let tables = Arc::new(Tables::from_toml(&text)?);
     let counters = Arc::new(Counters::default());
+    if args.crc_error_every > 0 && args.rtu_link.is_none() {
+        return Err(Error::InvalidConfig(vec![
+            "crc-error-every: needs --rtu-link (Modbus TCP has no CRC)".to_owned(),
+        ]));
+    }
     let device = Device {
         tables,
         counters: Arc::clone(&counters),
         exception_every: args.exception_every,
         latency: args.latency,
+        disconnect_every: args.disconnect_every,
+        crc_error_every: args.crc_error_every,
+        misdeeds: Arc::default(),
     };
     let mut terminate = signal(SignalKind::terminate()).map_err(Error::io("SIGTERM handler"))?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::io("SIGINT handler"))?;
@@ -235,6 +283,8 @@ pub async fn run(args: ModbusArgs) -> Result<Value> {
     let summary = json!({
         "requests": counters.requests.load(Ordering::Relaxed),
         "exceptions": counters.exceptions.load(Ordering::Relaxed),
+        "disconnects": counters.disconnects.load(Ordering::Relaxed),
+        "crc_errors": counters.crc_errors.load(Ordering::Relaxed),
     });
     print(&format!("summary {summary}\n"))?;
     Ok(summary)
@@ -250,8 +300,13 @@ async fn serve_tcp(
     let local = listener.local_addr().map_err(Error::io("local address"))?;
     print(&format!("listening modbus={local}\n"))?;
     let on_connected = |stream, addr| {
-        let device = device.clone();
-        async move { accept_tcp_connection(stream, addr, move |_| Ok(Some(device.clone()))) }
+        // Each connection has its own misdeeds: a cut closes only it.
+        let device = Device { misdeeds: Arc::default(), ..device.clone() };
+        let misdeeds = Arc::clone(&device.misdeeds);
+        async move {
+            let accepted = accept_tcp_connection(stream, addr, move |_| Ok(Some(device.clone())));
+            accepted.map(|a| a.map(|(device, stream)| (device, Cuttable { stream, misdeeds })))
+        }
     };
     Server::new(listener)
         .serve_until(&on_connected, |e| tracing::debug!(error = %e, "modbus client"), stop)
@@ -260,25 +315,112 @@ async fn serve_tcp(
     Ok(())
 }
 
-/// One RTU line: the device holds the pty's master end, the gateway opens
-/// the linked other end.
+/// A TCP connection whose next write fails when the device decided to
+/// cut it (the server then closes the connection).
+struct Cuttable {
+    stream: TcpStream,
+    misdeeds: Arc<Misdeeds>,
+}
+
+impl AsyncRead for Cuttable {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Cuttable {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.misdeeds.cut.swap(false, Ordering::Relaxed) {
+            let cut = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "cut on request");
+            return Poll::Ready(Err(cut));
+        }
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+fn pty_pair() -> Result<(tokio_serial::SerialStream, tokio_serial::SerialStream)> {
+    tokio_serial::SerialStream::pair()
+        .map_err(|e| Error::Io { context: "opening a pty pair", source: e.into() })
+}
+
+/// One RTU line: the device serves the master end of one pty pair; a
+/// relay carries bytes between that pair's other end and the master end
+/// of a second pair, whose other end is linked for the gateway to open.
 async fn serve_rtu(
     device: Device,
     link: &std::path::Path,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<()> {
-    let (line, other_end) = tokio_serial::SerialStream::pair()
-        .map_err(|e| Error::Io { context: "opening a pty pair", source: e.into() })?;
+    let (line, device_side) = pty_pair()?;
+    let (gateway_side, other_end) = pty_pair()?;
     let path = tokio_serial::SerialPort::name(&other_end)
         .ok_or_else(|| Error::InvalidConfig(vec!["the pty has no name".into()]))?;
     let _ = std::fs::remove_file(link);
     std::os::unix::fs::symlink(&path, link).map_err(Error::io("linking the pty"))?;
+    let relay = tokio::spawn(relay(device_side, gateway_side, Arc::clone(&device.misdeeds)));
     print(&format!("listening modbus={}\n", link.display()))?;
     let served = tokio_modbus::server::rtu::Server::new(line).serve_until(device, stop).await;
+    relay.abort();
     let _ = std::fs::remove_file(link);
     drop(other_end);
     served.map_err(Error::io("serving modbus rtu"))?;
     Ok(())
+}
+
+/// Requests pass unchanged; answers are framed ([`reply_len`]) and passed,
+/// garbled or swallowed as the device decided for each.
+async fn relay(
+    device: tokio_serial::SerialStream,
+    gateway: tokio_serial::SerialStream,
+    misdeeds: Arc<Misdeeds>,
+) {
+    let (mut from_device, mut to_device) = tokio::io::split(device);
+    let (mut from_gateway, mut to_gateway) = tokio::io::split(gateway);
+    let requests = async {
+        let _ = tokio::io::copy(&mut from_gateway, &mut to_device).await;
+    };
+    let answers = async {
+        let mut pending: Vec<u8> = Vec::new();
+        let mut chunk = [0u8; 512];
+        loop {
+            let n = match from_device.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&chunk[..n]);
+            while let Some(len) = reply_len(&pending) {
+                let mut frame: Vec<u8> = pending.drain(..len).collect();
+                if misdeeds.cut.swap(false, Ordering::Relaxed) {
+                    continue;
+                }
+                if misdeeds.garble.swap(false, Ordering::Relaxed)
+                    && let Some(last) = frame.last_mut()
+                {
+                    *last ^= 0x5A;
+                }
+                if to_gateway.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::join!(requests, answers);
 }
 
 #[cfg(test)]

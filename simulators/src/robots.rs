@@ -10,8 +10,11 @@
 //!   "severity", "message"}}` when a run fails.
 //!
 //! The fleet is a seeded [`plan`] in simulated time; `--speed` runs it
-//! faster than real time. Everything is published with QoS 1; the summary
-//! (`summary {json}` on stdout) says exactly what was sent and acknowledged.
+//! faster than real time. Misbehaviour on request: `--malformed N` mixes N
+//! messages that are not JSON into the runs topics, and the last
+//! `--skewed-robots` robots' clocks are `--skew` behind. Everything is
+//! published with QoS 1; the summary (`summary {json}` on stdout) says
+//! exactly what was sent and acknowledged.
 
 use std::time::Duration;
 
@@ -78,6 +81,15 @@ pub struct RobotsArgs {
     /// Give up unless everything is acknowledged within this time.
     #[arg(long, value_parser = parse_duration, default_value = "120s")]
     pub timeout: Duration,
+    /// Messages that are not JSON to mix in (on the runs topics).
+    #[arg(long, default_value_t = 0)]
+    pub malformed: usize,
+    /// How many robots (the last ones) have a wrong clock.
+    #[arg(long, default_value_t = 0)]
+    pub skewed_robots: usize,
+    /// How far behind a wrong clock is, e.g. 1h.
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    pub skew: Duration,
 }
 
 fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
@@ -91,6 +103,10 @@ pub struct Message {
     pub topic: String,
     /// The payload without its `ts`, which is stamped when sent.
     pub payload: Value,
+    /// Sent instead of `payload`: bytes that are not JSON.
+    pub malformed: Option<&'static [u8]>,
+    /// The robot's clock is wrong.
+    pub skewed: bool,
 }
 
 /// What the plan holds, by kind.
@@ -102,6 +118,9 @@ pub struct Counts {
     pub steps: usize,
     pub faults: usize,
     pub telemetry: usize,
+    pub malformed: usize,
+    /// Messages stamped by a wrong clock.
+    pub skewed: usize,
 }
 
 /// Telemetry period in simulated time.
@@ -109,8 +128,26 @@ const TELEMETRY_MS: u64 = 100;
 /// Time between a run's messages in simulated time.
 const STEP_MS: u64 = 400;
 
+/// Payloads of the malformed messages, in turn.
+const BROKEN: [&[u8]; 4] =
+    [br#"{"run": "run-x", "status": "sta"#, b"not json", b"\xff\xfe\x00garbage", b""];
+
+/// What to plan beyond the missions: misbehaviour.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    pub malformed: usize,
+    /// The last `skewed_robots` robots' clocks are wrong.
+    pub skewed_robots: usize,
+}
+
 /// The fleet's messages in send order, and their counts.
-pub fn plan(seed: u64, robots: usize, missions: usize, fail_rate: f64) -> (Vec<Message>, Counts) {
+pub fn plan(
+    seed: u64,
+    robots: usize,
+    missions: usize,
+    fail_rate: f64,
+    faults: Faults,
+) -> (Vec<Message>, Counts) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut messages = Vec::new();
     let mut counts = Counts::default();
@@ -129,6 +166,8 @@ pub fn plan(seed: u64, robots: usize, missions: usize, fail_rate: f64) -> (Vec<M
                 at_ms: t,
                 topic: runs.clone(),
                 payload: json!({"run": run, "status": "started", "detail": {"mission": mission}}),
+                malformed: None,
+                skewed: false,
             });
             for step in 1..=steps {
                 t += STEP_MS;
@@ -136,6 +175,8 @@ pub fn plan(seed: u64, robots: usize, missions: usize, fail_rate: f64) -> (Vec<M
                     at_ms: t,
                     topic: runs.clone(),
                     payload: json!({"run": run, "status": "step", "detail": {"mission": mission, "step": step}}),
+                    malformed: None,
+                    skewed: false,
                 });
                 counts.steps += 1;
             }
@@ -148,6 +189,8 @@ pub fn plan(seed: u64, robots: usize, missions: usize, fail_rate: f64) -> (Vec<M
                     at_ms: t,
                     topic: format!("robots/{robot}/faults"),
                     payload: json!({"run": run, "detail": {"code": "E-BLOCKED", "severity": "error", "message": "path blocked"}}),
+                    malformed: None,
+                    skewed: false,
                 });
                 counts.faults += 1;
             }
@@ -155,6 +198,8 @@ pub fn plan(seed: u64, robots: usize, missions: usize, fail_rate: f64) -> (Vec<M
                 at_ms: t,
                 topic: runs.clone(),
                 payload: json!({"run": run, "status": end, "detail": detail}),
+                malformed: None,
+                skewed: false,
             });
             counts.runs += 1;
             if fails {
@@ -172,6 +217,8 @@ pub fn plan(seed: u64, robots: usize, missions: usize, fail_rate: f64) -> (Vec<M
                     at_ms: at,
                     topic: format!("robots/{robot}/telemetry"),
                     payload: json!({"state": {"battery": (battery * 1000.0).round() / 1000.0, "x": (x * 100.0).round() / 100.0, "y": (y * 100.0).round() / 100.0, "mode": "moving"}}),
+                    malformed: None,
+                    skewed: false,
                 });
                 counts.telemetry += 1;
                 at += TELEMETRY_MS;
@@ -179,7 +226,34 @@ pub fn plan(seed: u64, robots: usize, missions: usize, fail_rate: f64) -> (Vec<M
             t += STEP_MS;
         }
     }
+    for m in &mut messages {
+        let robot: usize = m
+            .topic
+            .split('/')
+            .nth(1)
+            .and_then(|r| r.strip_prefix("amr-")?.parse().ok())
+            .unwrap_or(0);
+        m.skewed = robot + faults.skewed_robots >= robots;
+        counts.skewed += usize::from(m.skewed);
+    }
     messages.sort_by_key(|m| m.at_ms);
+    let end = messages.last().map_or(0, |m| m.at_ms);
+    for i in 0..faults.malformed {
+        let robot = format!("amr-{:02}", rng.random_range(0..robots.max(1)));
+        let at_ms = rng.random_range(0..=end);
+        let at = messages.partition_point(|m| m.at_ms <= at_ms);
+        messages.insert(
+            at,
+            Message {
+                at_ms,
+                topic: format!("robots/{robot}/runs"),
+                payload: Value::Null,
+                malformed: Some(BROKEN[i % BROKEN.len()]),
+                skewed: false,
+            },
+        );
+        counts.malformed += 1;
+    }
     (messages, counts)
 }
 
@@ -201,6 +275,12 @@ pub async fn run(args: RobotsArgs) -> Result<Value> {
     if args.robots.saturating_mul(args.missions) > 100_000 {
         problems.push("robots x missions: at most 100000".to_owned());
     }
+    if args.malformed > 100_000 {
+        problems.push("malformed: at most 100000".to_owned());
+    }
+    if args.skewed_robots > args.robots {
+        problems.push("skewed-robots: at most robots".to_owned());
+    }
     let (host, port) = args
         .broker
         .rsplit_once(':')
@@ -212,7 +292,9 @@ pub async fn run(args: RobotsArgs) -> Result<Value> {
         return Err(Error::InvalidConfig(problems));
     }
     let seed = args.seed.unwrap_or_else(rand::random);
-    let (messages, counts) = plan(seed, args.robots, args.missions, args.fail_rate);
+    let faults = Faults { malformed: args.malformed, skewed_robots: args.skewed_robots };
+    let (messages, counts) = plan(seed, args.robots, args.missions, args.fail_rate, faults);
+    let skew_ms = i64::try_from(args.skew.as_millis()).unwrap_or(i64::MAX);
     let total = messages.len();
     let mut options = MqttOptions::new(format!("opgraph-sim-robots-{seed}"), host, port);
     options.set_keep_alive(Duration::from_secs(30));
@@ -224,10 +306,16 @@ pub async fn run(args: RobotsArgs) -> Result<Value> {
             #[allow(clippy::cast_precision_loss)] // simulated ms stay far below 2^52
             let due = Duration::from_secs_f64(m.at_ms as f64 / 1000.0 / speed);
             tokio::time::sleep_until(start + due).await;
-            let mut payload = m.payload;
-            payload["ts"] = json!(now_ms());
-            if client.publish(m.topic, QoS::AtLeastOnce, false, payload.to_string()).await.is_err()
-            {
+            let bytes = match m.malformed {
+                Some(broken) => broken.to_vec(),
+                None => {
+                    let mut payload = m.payload;
+                    let now = now_ms();
+                    payload["ts"] = json!(if m.skewed { now.saturating_sub(skew_ms) } else { now });
+                    payload.to_string().into_bytes()
+                }
+            };
+            if client.publish(m.topic, QoS::AtLeastOnce, false, bytes).await.is_err() {
                 return;
             }
         }
@@ -250,7 +338,8 @@ pub async fn run(args: RobotsArgs) -> Result<Value> {
     let summary = json!({
         "seed": seed, "robots": args.robots, "runs": counts.runs, "completed": counts.completed,
         "failed": counts.failed, "steps": counts.steps, "faults": counts.faults,
-        "telemetry": counts.telemetry, "sent": total, "acked": acked,
+        "telemetry": counts.telemetry, "malformed": counts.malformed,
+        "skewed": counts.skewed, "sent": total, "acked": acked,
     });
     print(&format!("summary {summary}\n"))?;
     if done.is_err() {
@@ -268,8 +357,9 @@ mod tests {
 
     #[test]
     fn the_plan_is_seeded_and_every_run_starts_and_ends() {
-        let (messages, counts) = plan(3, 4, 3, 0.5);
-        assert_eq!(plan(3, 4, 3, 0.5).0, messages);
+        let (messages, counts) = plan(3, 4, 3, 0.5, Faults::default());
+        assert_eq!(plan(3, 4, 3, 0.5, Faults::default()).0, messages);
+        assert!(messages.iter().all(|m| m.malformed.is_none() && !m.skewed));
         assert_eq!(counts.runs, 12);
         assert_eq!(counts.completed + counts.failed, 12);
         assert_eq!(counts.faults, counts.failed);
@@ -281,5 +371,27 @@ mod tests {
         let telemetry = messages.iter().filter(|m| m.topic.ends_with("/telemetry")).count();
         assert_eq!(telemetry, counts.telemetry);
         assert!(telemetry > 10 * counts.runs, "ten a second through every run");
+    }
+
+    #[test]
+    fn malformed_messages_and_wrong_clocks_are_planned_and_counted() {
+        let faults = Faults { malformed: 5, skewed_robots: 1 };
+        let (messages, counts) = plan(3, 4, 3, 0.5, faults);
+        assert_eq!(plan(3, 4, 3, 0.5, faults).0, messages);
+        let (clean, clean_counts) = plan(3, 4, 3, 0.5, Faults::default());
+        assert_eq!(messages.len(), clean.len() + 5);
+        assert_eq!(counts.malformed, 5);
+        assert!(messages.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "still in time order");
+        for m in messages.iter().filter(|m| m.malformed.is_some()) {
+            let bytes = m.malformed.unwrap();
+            assert!(serde_json::from_slice::<Value>(bytes).is_err(), "{bytes:?}");
+            assert!(m.topic.ends_with("/runs"));
+        }
+        let skewed: Vec<&Message> = messages.iter().filter(|m| m.skewed).collect();
+        assert_eq!(skewed.len(), counts.skewed);
+        assert!(skewed.iter().all(|m| m.topic.starts_with("robots/amr-03/")));
+        let of_last = clean.iter().filter(|m| m.topic.starts_with("robots/amr-03/")).count();
+        assert_eq!(counts.skewed, of_last);
+        assert_eq!(clean_counts.skewed, 0);
     }
 }

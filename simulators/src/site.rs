@@ -81,6 +81,8 @@ pub async fn run(args: SiteArgs) -> Result<()> {
         map,
         exception_every: 0,
         latency: Duration::ZERO,
+        disconnect_every: 0,
+        crc_error_every: 0,
     };
     let plc = tokio::spawn(logged("plc", crate::modbus::run(plc)));
     wait_for(args.modbus, None).await?;
@@ -127,6 +129,9 @@ pub async fn run(args: SiteArgs) -> Result<()> {
         speed: 1.0,
         seed: None,
         timeout: Duration::from_secs(3600 * 24 * 30),
+        malformed: 0,
+        skewed_robots: 0,
+        skew: Duration::from_secs(3600),
     };
     // A shift of 100 missions per robot, then the next one.
     let fleet = tokio::spawn(async move {

@@ -12,15 +12,20 @@
 //! the source's `rejected` reasons: `exception` (the device answered with a
 //! Modbus exception; the other requests of the poll still count),
 //! `timeout`, `io` (connection lost or refused, garbled reply: the source
-//! reconnects with capped backoff), `bad_value` (a value that is not a
+//! reconnects with capped backoff), `crc` (an RTU reply with a wrong CRC,
+//! seen by [`rtu::CrcTap`]; the poll ends as for `io`, counted once as
+//! `crc`), `bad_value` (a value that is not a
 //! number JSON can carry). A reading the buffer cannot take is counted as
 //! dropped: the next poll reads the device again.
 
+pub mod rtu;
 pub mod value;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -284,6 +289,8 @@ pub struct ModbusSource {
     config: ModbusSourceConfig,
     link: Link,
     reads: Vec<Read>,
+    /// RTU replies with a wrong CRC so far (see [`rtu::CrcTap`]).
+    crc_errors: Arc<AtomicU64>,
 }
 
 /// How the device is reached.
@@ -312,7 +319,12 @@ impl ModbusSource {
             (None, Some(rtu)) => Link::Rtu(rtu.clone()),
             _ => return Err(invalid(format!("{at}.tcp: give either tcp or rtu"))),
         };
-        Ok(ModbusSource { config: config.clone(), link, reads: plan(&config.registers) })
+        Ok(ModbusSource {
+            config: config.clone(),
+            link,
+            reads: plan(&config.registers),
+            crc_errors: Arc::new(AtomicU64::new(0)),
+        })
     }
 
     /// A client context for the device.
@@ -320,7 +332,10 @@ impl ModbusSource {
         let slave = Slave(self.config.unit);
         match &self.link {
             Link::Tcp(addr) => tokio_modbus::client::tcp::connect_slave(*addr, slave).await,
-            Link::Rtu(port) => Ok(tokio_modbus::client::rtu::attach_slave(port.open()?, slave)),
+            Link::Rtu(port) => {
+                let port = rtu::CrcTap::new(port.open()?, Arc::clone(&self.crc_errors));
+                Ok(tokio_modbus::client::rtu::attach_slave(port, slave))
+            }
         }
     }
 }
@@ -393,15 +408,25 @@ impl Source for ModbusSource {
                 () = shutdown.cancelled() => break,
             }
             let now = now_ms();
+            let crc_before = this.crc_errors.load(Ordering::Relaxed);
             let polled = poll(ctx, &this, &intake).await;
+            let crc = this.crc_errors.load(Ordering::Relaxed) - crc_before;
+            for _ in 0..crc {
+                health.rejected("crc");
+            }
             let values = match polled {
                 Ok(values) => values,
                 Err(e) => {
+                    // A wrong CRC is why the poll failed (tokio-modbus
+                    // skipped the frame and timed out): counted as `crc`.
                     let (reason, why) = match e {
-                        PollError::Timeout => ("timeout", "request timed out".to_owned()),
-                        PollError::Io(why) => ("io", why),
+                        _ if crc > 0 => (None, "reply with a wrong CRC".to_owned()),
+                        PollError::Timeout => (Some("timeout"), "request timed out".to_owned()),
+                        PollError::Io(why) => (Some("io"), why),
                     };
-                    health.rejected(reason);
+                    if let Some(reason) = reason {
+                        health.rejected(reason);
+                    }
                     health.set_connected(false);
                     health.set_error(format!("modbus {}: {why}", this.link));
                     tracing::warn!(source = %this.config.name, device = %this.link, error = %why, "modbus poll failed; reconnecting");
