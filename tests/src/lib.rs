@@ -9,6 +9,7 @@
 
 pub mod clickhouse;
 pub mod edge;
+pub mod mosquitto;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -205,3 +205,65 @@ async fn modbus_rtu_values_arrive_decoded() {
     assert!(gateway.process.terminate().await.unwrap().success());
     assert!(device.terminate().await.unwrap().success());
 }
+
+/// Misbehaving devices: one on an RTU line that sends every tenth answer
+/// with a wrong CRC, one over TCP that hangs up instead of answering every
+/// tenth request. Each is counted per device in health (`crc`, `io`), and
+/// the answers in between still become exact readings.
+#[tokio::test]
+async fn modbus_crc_errors_and_disconnects_are_counted_per_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let map = tmp.path().join("map.toml");
+    write_map(&map);
+    let map = map.display().to_string();
+    let link = tmp.path().join("rs485").display().to_string();
+    let garbling = ["modbus", "--rtu-link", &link, "--map", &map, "--crc-error-every", "10"];
+    let garbling = Process::start("opgraph-sim", &garbling, &[], &["modbus"]).await.unwrap();
+    let hanging = ["modbus", "--listen", "127.0.0.1:0", "--map", &map, "--disconnect-every", "10"];
+    let hanging = Process::start("opgraph-sim", &hanging, &[], &["modbus"]).await.unwrap();
+
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let sources = [
+        source("line-3", &format!("rtu = {{ path = {link:?}, baud = 19200 }}"), "press-8"),
+        source("hangup", &format!("tcp = \"{}\"", hanging.addrs["modbus"]), "press-9"),
+    ]
+    .concat();
+    let grpc = cloud.receiver(Transport::Grpc);
+    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &sources);
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+
+    let health = eventually("CRC errors and disconnects counted", DELIVERY_TIMEOUT, || async {
+        let health = gateway.health().await;
+        let by_name = |name: &str| {
+            health["sources"].as_array().unwrap().iter().find(|s| s["name"] == name).cloned()
+        };
+        let (line, hangup) = (by_name("line-3")?, by_name("hangup")?);
+        let crc = line["rejected"]["crc"].as_u64().unwrap_or(0);
+        let cut = hangup["rejected"]["io"].as_u64().unwrap_or(0);
+        (crc >= 2 && cut >= 2).then_some(health)
+    })
+    .await;
+    let sources = health["sources"].as_array().unwrap();
+    let line = sources.iter().find(|s| s["name"] == "line-3").unwrap();
+    // A wrong CRC is counted as such, not as the timeout it causes.
+    assert!(line["rejected"].get("timeout").is_none(), "{health}");
+    assert!(line["last_error"].as_str().unwrap().contains("CRC"), "{health}");
+    let hangup = sources.iter().find(|s| s["name"] == "hangup").unwrap();
+    assert!(hangup["rejected"].get("crc").is_none(), "{health}");
+
+    for device in ["press-8", "press-9"] {
+        let events = eventually("readings between the faults", DELIVERY_TIMEOUT, || async {
+            let events = readings(&cloud, device).await;
+            (events.len() >= 2).then_some(events)
+        })
+        .await;
+        for event in &events {
+            assert_eq!(event["properties"], expected(), "{event}");
+        }
+    }
+    assert!(gateway.process.terminate().await.unwrap().success());
+    assert!(garbling.terminate().await.unwrap().success());
+    assert!(hanging.terminate().await.unwrap().success());
+}

@@ -15,8 +15,7 @@ use std::time::Duration;
 use opgraph_tests::edge::*;
 use opgraph_tests::{TEST_BOOTSTRAP_KEY, binary};
 use serde_json::Value;
-use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const EVENT: &str = "rfid.tag.read";
 
@@ -264,10 +263,9 @@ async fn embedded_broker_simulator_to_cloud() {
     assert!(status.success(), "gateway exit status {status}");
 }
 
-/// A Mosquitto broker on a free loopback port with two logins, stopped
-/// when dropped.
+/// Mosquitto with two logins, and optionally a TLS listener.
 struct Mosquitto {
-    child: Child,
+    broker: opgraph_tests::mosquitto::Mosquitto,
     port: u16,
     /// The TLS listener's port and its self-signed certificate.
     tls: Option<(u16, PathBuf)>,
@@ -276,18 +274,6 @@ struct Mosquitto {
 const GATEWAY_LOGIN: (&str, &str) = ("gateway", "gw-secret-1");
 const SIM_LOGIN: (&str, &str) = ("sim", "sim-secret-2");
 
-fn system_binary(name: &str) -> PathBuf {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file());
-    found.unwrap_or_else(|| {
-        panic!("{name} not found: run deploy/scripts/install-test-deps.sh (installs mosquitto)")
-    })
-}
-
 impl Mosquitto {
     async fn start(dir: &Path) -> Mosquitto {
         Self::start_with(dir, false).await
@@ -295,70 +281,35 @@ impl Mosquitto {
 
     /// Also a TLS listener with a self-signed certificate for 127.0.0.1.
     async fn start_with(dir: &Path, tls: bool) -> Mosquitto {
-        let dir = dir.join("mosquitto");
-        std::fs::create_dir_all(&dir).unwrap();
-        let passwd = dir.join("passwd");
-        for (i, (user, pass)) in [GATEWAY_LOGIN, SIM_LOGIN].iter().enumerate() {
-            let mut command = Command::new(system_binary("mosquitto_passwd"));
-            if i == 0 {
-                command.arg("-c");
-            }
-            let status = command.arg("-b").arg(&passwd).args([user, pass]).status().await.unwrap();
-            assert!(status.success(), "mosquitto_passwd failed");
-        }
-        let free_port =
-            || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let port = free_port();
-        let mut conf_text = format!(
-            "listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {}\n\
-             persistence false\nmax_queued_messages 100000\nuser root\n\
-             log_dest stderr\nlog_type error\nlog_type warning\n",
-            passwd.display()
-        );
+        let mut extra = String::new();
         let tls = tls.then(|| {
             let certified =
                 rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
             let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
             std::fs::write(&cert, certified.cert.pem()).unwrap();
             std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
-            let tls_port = free_port();
-            conf_text.push_str(&format!(
+            let tls_port = opgraph_tests::mosquitto::free_port().unwrap();
+            extra = format!(
                 "listener {tls_port} 127.0.0.1\ncertfile {}\nkeyfile {}\n",
                 cert.display(),
                 key.display()
-            ));
+            );
             (tls_port, cert)
         });
-        let conf = dir.join("mosquitto.conf");
-        std::fs::write(&conf, conf_text).unwrap();
-        let child = Command::new(system_binary("mosquitto"))
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut mosquitto = Mosquitto { child, port, tls };
-        let ports = [Some(port), mosquitto.tls.as_ref().map(|t| t.0)];
-        for port in ports.into_iter().flatten() {
-            eventually("mosquitto accepting connections", Duration::from_secs(20), || async {
-                TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop)
-            })
-            .await;
-        }
-        assert!(mosquitto.child.try_wait().unwrap().is_none(), "mosquitto exited");
-        mosquitto
+        let tls_ports: Vec<u16> = tls.iter().map(|t| t.0).collect();
+        let broker = opgraph_tests::mosquitto::Mosquitto::start(
+            dir,
+            &[GATEWAY_LOGIN, SIM_LOGIN],
+            &extra,
+            &tls_ports,
+        )
+        .await
+        .unwrap();
+        Mosquitto { port: broker.port, broker, tls }
     }
 
     fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
+        self.broker.addr()
     }
 }
 

@@ -39,6 +39,8 @@ async fn a_fleets_runs_faults_and_throttled_telemetry_arrive() {
 
     let args = ["robots", "--broker", &broker, "--robots", "3", "--missions", "3"];
     let args = [&args[..], &["--fail-rate", "0.4", "--speed", "8", "--seed", "21"]].concat();
+    // Misbehaviour: messages that are not JSON, and amr-02's clock an hour behind.
+    let args = [&args[..], &["--malformed", "3", "--skewed-robots", "1", "--skew", "1h"]].concat();
     let output = tokio::process::Command::new(binary("opgraph-sim").unwrap())
         .args(&args)
         .kill_on_drop(true)
@@ -96,6 +98,20 @@ async fn a_fleets_runs_faults_and_throttled_telemetry_arrive() {
     .await;
     assert!(stored >= 3, "at least the first of each robot: {stored}");
     assert!(throttled > stored, "most telemetry is held back: {throttled} vs {stored}");
+    let source = &health["sources"][0];
+    assert_eq!(source["rejected"]["invalid_json"], 3, "{health}");
+    assert_eq!(summary["malformed"], 3, "{summary}");
+    assert!(source["clock_skew_total"].as_u64().unwrap() >= 3, "{health}");
+    // The wrong clock's runs keep its time beside the gateway's.
+    for e in cloud.events("robot.run.started").await {
+        let skewed = e["actor"]["id"] == "amr-02";
+        assert_eq!(e["context"]["deviceTimestamp"].is_i64(), skewed, "{e}");
+        if skewed {
+            let behind = e["timestamp"].as_i64().unwrap()
+                - e["context"]["deviceTimestamp"].as_i64().unwrap();
+            assert!(behind > 3_000_000, "{e}");
+        }
+    }
     let one = &cloud.events("robot.telemetry").await[0];
     assert!(one["properties"]["battery"].is_number(), "{one}");
     assert_eq!(one["actor"]["type"], "robot");
