@@ -12,6 +12,7 @@ needs=(
   "pkill procps"           # procps brings /bin/kill, which the harness runs (`kill` alone is a shell builtin)
   "clickhouse-server clickhouse-server"  # the ClickHouse store's tests start their own server on loopback
   "clickhouse-client clickhouse-client"  # raw-SQL baselines and debugging of those servers
+  "python3 python3"        # runs the ClickHouse SQL check on chdb (below)
 )
 
 missing=()
@@ -47,4 +48,19 @@ if [ "${#missing[@]}" -gt 0 ]; then
     && [ -d /run/systemd/system ]; then
     $sudo systemctl disable --now clickhouse-server >/dev/null 2>&1 || true
   fi
+fi
+
+# chdb embeds current ClickHouse in Python: a test runs every statement the
+# ClickHouse store sent to Debian's 18.16 on it too. It comes from PyPI.
+if ! python3 -c 'import chdb' >/dev/null 2>&1; then
+  echo "installing test dependency: chdb (PyPI)"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-pip
+  fi
+  # A Debian-managed Python refuses plain pip installs (PEP 668).
+  python3 -m pip install --quiet chdb 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages chdb
 fi

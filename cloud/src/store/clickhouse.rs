@@ -139,6 +139,27 @@ fn classify(e: clickhouse::error::Error) -> Error {
     }
 }
 
+/// Every statement sent, with its values bound: the test against current
+/// ClickHouse runs each of them (`emitted_sql_runs_on_current_clickhouse`).
+#[cfg(test)]
+static EMITTED: Mutex<std::collections::BTreeSet<String>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// Marks a query as about to be sent (recorded in tests).
+trait Sent {
+    fn sent(self) -> Self;
+}
+
+impl Sent for clickhouse::query::Query {
+    fn sent(self) -> Self {
+        #[cfg(test)]
+        if let Ok(mut emitted) = EMITTED.lock() {
+            emitted.insert(self.sql_display().to_string());
+        }
+        self
+    }
+}
+
 /// Runs one call to ClickHouse within [`QUERY_TIMEOUT`].
 async fn run<T>(call: impl Future<Output = clickhouse::error::Result<T>>) -> Result<T> {
     match tokio::time::timeout(QUERY_TIMEOUT, call).await {
@@ -248,19 +269,23 @@ impl ClickHouseStore {
             ));
         }
         let server = client_for(&config.url)?;
-        run(server.query(&format!("CREATE DATABASE IF NOT EXISTS {}", config.database)).execute())
-            .await?;
+        run(server
+            .query(&format!("CREATE DATABASE IF NOT EXISTS {}", config.database))
+            .sent()
+            .execute())
+        .await?;
         let client = server.with_database(config.database.clone());
         for statement in schema_statements() {
-            run(client.query(&statement).execute()).await?;
+            run(client.query(&statement).sent().execute()).await?;
         }
         let version: u32 =
-            run(client.query("SELECT max(version) FROM schema_version").fetch_one()).await?;
+            run(client.query("SELECT max(version) FROM schema_version").sent().fetch_one()).await?;
         if version < SCHEMA_VERSION {
             run(client
                 .query("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)")
                 .bind(SCHEMA_VERSION)
                 .bind(crate::now_ms())
+                .sent()
                 .execute())
             .await?;
         }
@@ -276,7 +301,7 @@ impl ClickHouseStore {
             ("gateway_sessions", "version"),
         ] {
             let max: u64 =
-                run(client.query(&format!("SELECT max({column}) FROM {table}")).fetch_one())
+                run(client.query(&format!("SELECT max({column}) FROM {table}")).sent().fetch_one())
                     .await?;
             highest = highest.max(max);
         }
@@ -322,6 +347,7 @@ impl ClickHouseStore {
             .query("SELECT count() FROM businesses WHERE workspace_id = ? AND id = ?")
             .bind(ws)
             .bind(business_id)
+            .sent()
             .fetch_one())
         .await?;
         if found > 0 {
@@ -375,6 +401,7 @@ impl ClickHouseStore {
             .client
             .query(&format!("{KEY_SELECT} WHERE key_hash = ? GROUP BY workspace_id, id"))
             .bind(hash)
+            .sent()
             .fetch_all())
         .await?;
         Ok(rows.into_iter().find(|r| r.key_hash == hash).map(KeyRead::into_record))
@@ -384,8 +411,11 @@ impl ClickHouseStore {
 #[async_trait]
 impl Store for ClickHouseStore {
     async fn ping(&self) -> Result<()> {
-        match tokio::time::timeout(PING_TIMEOUT, self.client.query("SELECT 1").fetch_one::<u8>())
-            .await
+        match tokio::time::timeout(
+            PING_TIMEOUT,
+            self.client.query("SELECT 1").sent().fetch_one::<u8>(),
+        )
+        .await
         {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(classify(e)),
@@ -421,13 +451,14 @@ impl Store for ClickHouseStore {
             .client
             .query("SELECT count() FROM workspaces WHERE id = ?")
             .bind(workspace_id)
+            .sent()
             .fetch_one())
         .await?;
         Ok(found > 0)
     }
 
     async fn count_workspaces(&self) -> Result<u64> {
-        run(self.client.query("SELECT uniqExact(id) FROM workspaces").fetch_one()).await
+        run(self.client.query("SELECT uniqExact(id) FROM workspaces").sent().fetch_one()).await
     }
 
     async fn insert_api_key(&self, key: NewApiKey) -> Result<ApiKeyRecord> {
@@ -467,6 +498,7 @@ impl Store for ClickHouseStore {
                  ORDER BY k_created_at, id"
             ))
             .bind(workspace_id)
+            .sent()
             .fetch_all())
         .await?;
         Ok(rows.into_iter().map(KeyRead::into_record).collect())
@@ -482,6 +514,7 @@ impl Store for ClickHouseStore {
             ))
             .bind(workspace_id)
             .bind(key_id)
+            .sent()
             .fetch_all())
         .await?;
         let Some(stored) = rows.into_iter().next() else {
@@ -543,6 +576,7 @@ impl Store for ClickHouseStore {
             .bind(workspace_id)
             .bind(from_ms.div_euclid(DAY_MS))
             .bind(to_ms.div_euclid(DAY_MS))
+            .sent()
             .fetch_one())
         .await?;
         Ok(UsageTotals { events_ingested: read.events_ingested, api_calls: read.api_calls })
@@ -625,6 +659,44 @@ mod tests {
         store.ping().await.unwrap();
         let stored = store.append_events("ws", request).await.unwrap();
         assert_eq!(stored.inserted, 1);
+    }
+
+    /// Everything the store sent while the core conformance cases ran on
+    /// 18.16 is run again on current ClickHouse (chdb, in-process), so
+    /// that the SQL stays valid on both.
+    #[tokio::test]
+    async fn emitted_sql_runs_on_current_clickhouse() {
+        use crate::store::conformance as c;
+        for case in 0..5 {
+            let (store, _server) = open().await;
+            c::load(&store).await;
+            match case {
+                0 => c::workspaces_and_keys(&store).await,
+                1 => c::list_events(&store).await,
+                2 => c::appends_are_idempotent(&store).await,
+                3 => c::usage_counters(&store).await,
+                _ => c::gateway_batches(&store).await,
+            }
+        }
+        let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();
+        assert!(emitted.len() > 20, "{emitted:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("statements.json");
+        std::fs::write(&file, serde_json::to_string(&emitted).unwrap()).unwrap();
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/clickhouse/check_current.py");
+        let output = tokio::process::Command::new("python3")
+            .arg(&script)
+            .arg(&file)
+            .output()
+            .await
+            .expect("python3 (installed by deploy/scripts/install-test-deps.sh)");
+        assert!(
+            output.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use opgraph_proto::Party;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{ClickHouseStore, run};
+use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
 use crate::store::{
     AppendRequest, AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent,
@@ -187,7 +187,7 @@ pub(super) async fn stored_ids(
         for row in chunk {
             query = query.bind(row.id.as_str());
         }
-        let ids: Vec<String> = run(query.fetch_all()).await?;
+        let ids: Vec<String> = run(query.sent().fetch_all()).await?;
         found.extend(ids);
     }
     Ok(found)
@@ -210,7 +210,7 @@ async fn stored_message_ids(
         for id in chunk {
             query = query.bind(*id);
         }
-        let rows: Vec<MessageRead> = run(query.fetch_all()).await?;
+        let rows: Vec<MessageRead> = run(query.sent().fetch_all()).await?;
         found.extend(rows.into_iter().map(|r| (r.message_id, r.id)));
     }
     Ok(found)
@@ -289,6 +289,7 @@ pub(super) async fn append(
             )
             .bind(ws)
             .bind(key.as_str())
+            .sent()
             .fetch_all())
         .await?;
         if let Some(first) = stored.into_iter().next()
@@ -350,7 +351,7 @@ pub(super) async fn list(
         query = query.bind(number);
     }
     query = query.bind(u64::try_from(filter.limit).unwrap_or(u64::MAX));
-    let rows: Vec<ListRead> = run(query.fetch_all()).await?;
+    let rows: Vec<ListRead> = run(query.sent().fetch_all()).await?;
     rows.into_iter()
         .map(|r| {
             let envelope = serde_json::from_str(&r.envelope).map_err(Error::internal)?;

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 
-use super::{ClickHouseStore, events, run};
+use super::{ClickHouseStore, Sent, events, run};
 use crate::error::Result;
 use crate::store::NewEvent;
 use crate::store::gateway::{BatchCommit, GatewaySession, GatewayStore};
@@ -42,6 +42,7 @@ impl ClickHouseStore {
             )
             .bind(ws)
             .bind(gateway)
+            .sent()
             .fetch_all())
         .await?;
         Ok(rows.into_iter().next())
