@@ -21,6 +21,7 @@
 mod events;
 mod gateway;
 mod pending;
+mod queries;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -594,7 +595,7 @@ mod tests {
     use opgraph_tests::clickhouse::ClickHouse;
 
     use super::*;
-    use crate::store::queries::{QueryStore, TotalsQuery};
+    use crate::store::queries::QueryStore;
 
     /// A fresh store on a private server that lives as long as it. Fails
     /// with the reason when clickhouse-server is not installed.
@@ -637,7 +638,7 @@ mod tests {
     #[tokio::test]
     async fn calls_not_offered_yet_answer_501_never_empty() {
         let (store, _server) = open().await;
-        let err = store.event_totals("ws", &TotalsQuery::default()).await.unwrap_err();
+        let err = store.list_entities("ws", None, 10).await.unwrap_err();
         assert!(matches!(err, Error::NotImplemented(..)), "{err:?}");
         let response = axum::response::IntoResponse::into_response(err);
         assert_eq!(response.status(), axum::http::StatusCode::NOT_IMPLEMENTED);
@@ -667,7 +668,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..5 {
+        for case in 0..7 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -675,7 +676,9 @@ mod tests {
                 1 => c::list_events(&store).await,
                 2 => c::appends_are_idempotent(&store).await,
                 3 => c::usage_counters(&store).await,
-                _ => c::gateway_batches(&store).await,
+                4 => c::gateway_batches(&store).await,
+                5 => c::totals(&store).await,
+                _ => c::series(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

@@ -844,14 +844,14 @@ pub async fn gateway_batches(store: &dyn Store) {
 /// Runs the whole suite against a backend: one test per case, each on a
 /// fresh store from `$open()` (an async fn returning `(store, guard)`).
 /// `store_conformance!(core: $open)` runs only the cases of [`Store`]'s own
-/// methods and of [`super::gateway::GatewayStore`], for a backend that does
-/// not answer the query API yet.
+/// methods, of [`super::gateway::GatewayStore`] and of the totals and
+/// series queries, for a backend that does not answer the rest yet.
 #[macro_export]
 macro_rules! store_conformance {
     (core: $open:path) => {
         $crate::store_conformance!(@cases $open;
             workspaces_and_keys, list_events, appends_are_idempotent, usage_counters,
-            gateway_batches);
+            gateway_batches, totals, totals_at_unaligned_edges, series, period_diff);
     };
     ($open:path) => {
         $crate::store_conformance!(@cases $open;

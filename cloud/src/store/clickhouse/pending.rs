@@ -1,6 +1,7 @@
-//! What the ClickHouse store does not offer yet: every call answers
-//! [`Error::NotImplemented`] (HTTP 501), never an empty result that a
-//! client could take for "no data". `docs/storage.md` lists what is done.
+//! The traits beside `Store` and `GatewayStore` on ClickHouse. What is not
+//! offered yet answers [`Error::NotImplemented`] (HTTP 501), never an empty
+//! result that a client could take for "no data". `docs/storage.md` lists
+//! what is done.
 
 use async_trait::async_trait;
 
@@ -30,11 +31,11 @@ fn pending<T>(what: &'static str) -> Result<T> {
 
 #[async_trait]
 impl QueryStore for ClickHouseStore {
-    async fn event_totals(&self, _: &str, _: &TotalsQuery) -> Result<Totals> {
-        pending("event totals")
+    async fn event_totals(&self, ws: &str, query: &TotalsQuery) -> Result<Totals> {
+        super::queries::totals(self, ws, query).await
     }
-    async fn event_series(&self, _: &str, _: &SeriesQuery) -> Result<Vec<SeriesPoint>> {
-        pending("event series")
+    async fn event_series(&self, ws: &str, query: &SeriesQuery) -> Result<Vec<SeriesPoint>> {
+        super::queries::series(self, ws, query).await
     }
     async fn funnel(&self, _: &str, _: &FunnelQuery) -> Result<Vec<u64>> {
         pending("funnels")
