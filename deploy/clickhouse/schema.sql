@@ -20,7 +20,9 @@ CREATE TABLE IF NOT EXISTS schema_version (
 -- range filters repeat it so that whole months are skipped. The key serves
 -- the event-name and time filters of the API, and finds one event by
 -- (event, ts, id) for exactly-once storage. `seq` is insertion order, for
--- stable ties between equal timestamps.
+-- stable ties between equal timestamps. `search_text` is what free-text
+-- search matches (event name, actor and object, property values; 2 KiB at
+-- most), searched case-insensitively as a substring.
 CREATE TABLE IF NOT EXISTS events (
     workspace_id String,
     id String,
@@ -44,6 +46,7 @@ CREATE TABLE IF NOT EXISTS events (
     source String,
     channel String,
     campaign String,
+    search_text String,
     envelope String
 ) ENGINE = MergeTree()
 PARTITION BY toYYYYMM(time)

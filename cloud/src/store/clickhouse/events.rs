@@ -47,6 +47,7 @@ pub(super) struct EventRow {
     pub(super) source: String,
     pub(super) channel: String,
     pub(super) campaign: String,
+    pub(super) search_text: String,
     pub(super) envelope: String,
 }
 
@@ -79,6 +80,51 @@ fn number_at(map: Option<&Map<String, Value>>, key: &str) -> Option<f64> {
     }
 }
 
+/// Searchable text per event is capped: search is for finding events, not
+/// for indexing megabytes of payload (as on the embedded store).
+const MAX_SEARCH_TEXT: usize = 2048;
+
+/// Appends the scalar leaves of a JSON value, space-separated.
+fn push_leaves(out: &mut String, value: &Value) {
+    if out.len() >= MAX_SEARCH_TEXT {
+        return;
+    }
+    match value {
+        Value::String(s) => {
+            out.push(' ');
+            out.push_str(s);
+        }
+        Value::Number(n) => {
+            out.push(' ');
+            out.push_str(&n.to_string());
+        }
+        Value::Bool(b) => out.push_str(if *b { " true" } else { " false" }),
+        Value::Array(items) => items.iter().for_each(|v| push_leaves(out, v)),
+        Value::Object(map) => map.values().for_each(|v| push_leaves(out, v)),
+        Value::Null => {}
+    }
+}
+
+/// The event name, actor and object type and id, and property values.
+fn search_text(e: &opgraph_proto::Event, parts: [&str; 4]) -> String {
+    let mut out = e.event.clone();
+    for part in parts.into_iter().filter(|p| !p.is_empty()) {
+        out.push(' ');
+        out.push_str(part);
+    }
+    if let Some(props) = &e.properties {
+        props.values().for_each(|v| push_leaves(&mut out, v));
+    }
+    if out.len() > MAX_SEARCH_TEXT {
+        let mut cut = MAX_SEARCH_TEXT;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
+}
+
 /// Flattens an event; `seq` is filled in when the row is stored.
 pub(super) fn to_row(ws: &str, new: NewEvent) -> EventRow {
     let NewEvent { id, received_at, event: e } = new;
@@ -87,7 +133,9 @@ pub(super) fn to_row(ws: &str, new: NewEvent) -> EventRow {
     let revenue = number_at(e.outcome.as_ref(), "revenue")
         .or_else(|| number_at(e.attribution.as_ref(), "revenue"));
     let ts = e.timestamp.unwrap_or(received_at);
+    let search_text = search_text(&e, [&actor_type, &actor_id, &object_type, &object_id]);
     EventRow {
+        search_text,
         workspace_id: ws.to_owned(),
         business_id: e.business_id.clone().unwrap_or_else(|| "default".into()),
         ts,

@@ -43,8 +43,8 @@ impl QueryStore for ClickHouseStore {
     async fn attribution(&self, _: &str, _: &AttributionQuery) -> Result<Attribution> {
         pending("attribution")
     }
-    async fn search_events(&self, _: &str, _: &SearchQuery) -> Result<SearchResult> {
-        pending("search")
+    async fn search_events(&self, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
+        super::queries::search(self, ws, query).await
     }
     async fn runs(&self, _: &str, _: &RunQuery) -> Result<Vec<RunSummary>> {
         pending("runs")

@@ -1,14 +1,20 @@
-//! The first queries of [`QueryStore`] on ClickHouse: per-event totals and
-//! time series, straight from the events (ClickHouse aggregates a month of
-//! events faster than SQLite reads an hourly rollup, so there is none).
+//! The first queries of [`crate::store::queries::QueryStore`] on
+//! ClickHouse: per-event totals and time series straight from the events
+//! (no rollup: ClickHouse aggregates the raw rows fast enough), and
+//! free-text search as a case-insensitive substring scan of `search_text`.
 
 use clickhouse::Row;
 use serde::Deserialize;
 
 use super::events::seconds;
 use super::{ClickHouseStore, Sent, run};
+use crate::error::Error;
 use crate::error::Result;
-use crate::store::queries::{EventTotals, Range, SeriesPoint, SeriesQuery, Totals, TotalsQuery};
+use crate::store::StoredEvent;
+use crate::store::queries::{
+    EventTotals, Range, SEARCH_COUNT_CAP, SearchQuery, SearchResult, SeriesPoint, SeriesQuery,
+    Totals, TotalsQuery,
+};
 
 #[derive(Row, Deserialize)]
 struct TotalsRead {
@@ -125,4 +131,46 @@ pub(super) async fn series(
             revenue: r.revenue,
         })
         .collect())
+}
+
+#[derive(Row, Deserialize)]
+struct FoundRead {
+    id: String,
+    received_at: i64,
+    envelope: String,
+}
+
+pub(super) async fn search(
+    store: &ClickHouseStore,
+    ws: &str,
+    q: &SearchQuery,
+) -> Result<SearchResult> {
+    let filter = Filter::new(ws, q.business_id.as_deref(), q.event.as_deref(), q.range);
+    // The text is bound last, after the filter's texts and numbers.
+    let matches = format!("{} AND positionCaseInsensitiveUTF8(search_text, ?) > 0", filter.sql);
+    let list_sql = format!(
+        "SELECT id, received_at, envelope FROM events WHERE {matches}
+         ORDER BY ts DESC, seq DESC LIMIT {}",
+        u64::try_from(q.limit).unwrap_or(u64::MAX)
+    );
+    let found: Vec<FoundRead> =
+        run(filter.query(store, &list_sql).bind(q.text.as_str()).sent().fetch_all()).await?;
+    let events = found
+        .into_iter()
+        .map(|r| {
+            let envelope = serde_json::from_str(&r.envelope).map_err(Error::internal)?;
+            Ok(StoredEvent { id: r.id, received_at: r.received_at, envelope })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let count_sql = format!(
+        "SELECT count() FROM (SELECT 1 FROM events WHERE {matches} LIMIT {})",
+        SEARCH_COUNT_CAP + 1
+    );
+    let total: u64 =
+        run(filter.query(store, &count_sql).bind(q.text.as_str()).sent().fetch_one()).await?;
+    Ok(SearchResult {
+        events,
+        total: total.min(SEARCH_COUNT_CAP),
+        total_capped: total > SEARCH_COUNT_CAP,
+    })
 }
