@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS events (
     object_id String,
     trace_id String,
     decision_id String,
+    proof_id String,
     trust_tier String,
     message_id String,
     trackable_code String,

@@ -668,7 +668,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..8 {
+        for case in 0..9 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -679,7 +679,8 @@ mod tests {
                 4 => c::gateway_batches(&store).await,
                 5 => c::totals(&store).await,
                 6 => c::series(&store).await,
-                _ => c::search(&store).await,
+                7 => c::search(&store).await,
+                _ => c::proof_gaps(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

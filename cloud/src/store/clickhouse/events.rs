@@ -39,6 +39,7 @@ pub(super) struct EventRow {
     pub(super) object_id: String,
     pub(super) trace_id: String,
     pub(super) decision_id: String,
+    pub(super) proof_id: String,
     pub(super) trust_tier: String,
     pub(super) message_id: String,
     pub(super) trackable_code: String,
@@ -144,6 +145,7 @@ pub(super) fn to_row(ws: &str, new: NewEvent) -> EventRow {
         trust_tier: e.trust_tier.map_or("T0", |t| t.as_str()).to_owned(),
         trace_id: e.trace_id.clone().unwrap_or_default(),
         decision_id: e.decision_id.clone().unwrap_or_default(),
+        proof_id: e.proof_id.clone().unwrap_or_default(),
         message_id: e.message_id.clone().unwrap_or_default(),
         trackable_code: text_at(e.trackable.as_ref(), "code").unwrap_or_default(),
         source: text_at(e.attribution.as_ref(), "source")

@@ -61,12 +61,12 @@ impl QueryStore for ClickHouseStore {
     }
     async fn proof_gaps(
         &self,
-        _: &str,
-        _: Range,
-        _: Option<&str>,
-        _: usize,
+        ws: &str,
+        range: Range,
+        business_id: Option<&str>,
+        limit: usize,
     ) -> Result<Vec<StoredEvent>> {
-        pending("proof gaps")
+        super::queries::proof_gaps(self, ws, range, business_id, limit).await
     }
     async fn connector_loads(&self, _: &str, _: i64) -> Result<Vec<ConnectorLoad>> {
         pending("connector loads")

@@ -174,3 +174,30 @@ pub(super) async fn search(
         total_capped: total > SEARCH_COUNT_CAP,
     })
 }
+
+/// Governed events (`decisionId` set) below `T3` without a `proofId`,
+/// newest first.
+pub(super) async fn proof_gaps(
+    store: &ClickHouseStore,
+    ws: &str,
+    range: Range,
+    business: Option<&str>,
+    limit: usize,
+) -> Result<Vec<StoredEvent>> {
+    let filter = Filter::new(ws, business, None, Some(range));
+    let sql = format!(
+        "SELECT id, received_at, envelope FROM events WHERE {} AND decision_id != ''
+           AND trust_tier < 'T3' AND proof_id = ''
+         ORDER BY ts DESC, seq DESC LIMIT {}",
+        filter.sql,
+        u64::try_from(limit).unwrap_or(u64::MAX)
+    );
+    let found: Vec<FoundRead> = run(filter.query(store, &sql).sent().fetch_all()).await?;
+    found
+        .into_iter()
+        .map(|r| {
+            let envelope = serde_json::from_str(&r.envelope).map_err(Error::internal)?;
+            Ok(StoredEvent { id: r.id, received_at: r.received_at, envelope })
+        })
+        .collect()
+}
