@@ -668,7 +668,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..9 {
+        for case in 0..10 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -680,7 +680,8 @@ mod tests {
                 5 => c::totals(&store).await,
                 6 => c::series(&store).await,
                 7 => c::search(&store).await,
-                _ => c::proof_gaps(&store).await,
+                8 => c::proof_gaps(&store).await,
+                _ => c::runs_and_actors(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

@@ -46,18 +46,18 @@ impl QueryStore for ClickHouseStore {
     async fn search_events(&self, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
         super::queries::search(self, ws, query).await
     }
-    async fn runs(&self, _: &str, _: &RunQuery) -> Result<Vec<RunSummary>> {
-        pending("runs")
+    async fn runs(&self, ws: &str, query: &RunQuery) -> Result<Vec<RunSummary>> {
+        super::queries::runs(self, ws, query).await
     }
     async fn actor_activity(
         &self,
-        _: &str,
-        _: Range,
-        _: &[&str],
-        _: Option<&str>,
-        _: usize,
+        ws: &str,
+        range: Range,
+        types: &[&str],
+        actor_id: Option<&str>,
+        limit: usize,
     ) -> Result<Vec<ActorActivity>> {
-        pending("actor activity")
+        super::queries::actor_activity(self, ws, range, types, actor_id, limit).await
     }
     async fn proof_gaps(
         &self,

@@ -12,8 +12,8 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::store::StoredEvent;
 use crate::store::queries::{
-    EventTotals, Range, SEARCH_COUNT_CAP, SearchQuery, SearchResult, SeriesPoint, SeriesQuery,
-    Totals, TotalsQuery,
+    ActorActivity, EventTotals, RUN_PREFIXES, Range, RunQuery, RunSummary, SEARCH_COUNT_CAP,
+    SearchQuery, SearchResult, SeriesPoint, SeriesQuery, Totals, TotalsQuery, run_status,
 };
 
 #[derive(Row, Deserialize)]
@@ -200,4 +200,115 @@ pub(super) async fn proof_gaps(
             Ok(StoredEvent { id: r.id, received_at: r.received_at, envelope })
         })
         .collect()
+}
+
+#[derive(Row, Deserialize)]
+struct RunRead {
+    trace_id: String,
+    started: i64,
+    updated: i64,
+    events: u64,
+    last_event: String,
+    last_actor: String,
+}
+
+/// Runs: the traced events whose name starts with a run prefix, grouped
+/// by `traceId`, the most recently updated first.
+pub(super) async fn runs(
+    store: &ClickHouseStore,
+    ws: &str,
+    q: &RunQuery,
+) -> Result<Vec<RunSummary>> {
+    let filter = Filter::new(ws, q.business_id.as_deref(), None, q.range);
+    let prefixes: Vec<String> = RUN_PREFIXES.iter().map(|p| format!("'{p}'")).collect();
+    let mut sql = format!(
+        "SELECT trace_id, min(ts) AS started, max(ts) AS updated, count(),
+            argMax(event, (ts, seq)), argMax(actor_id, (ts, seq))
+         FROM events WHERE {} AND trace_id != ''
+            AND substring(event, 1, position(event, '.')) IN ({})",
+        filter.sql,
+        prefixes.join(", ")
+    );
+    if q.trace_id.is_some() {
+        sql.push_str(" AND trace_id = ?");
+    }
+    sql.push_str(" GROUP BY trace_id");
+    if q.actor_id.is_some() {
+        sql.push_str(" HAVING max(actor_id = ?) = 1");
+    }
+    sql.push_str(&format!(
+        " ORDER BY updated DESC, trace_id LIMIT {}",
+        u64::try_from(q.limit).unwrap_or(u64::MAX)
+    ));
+    let mut query = filter.query(store, &sql);
+    for text in [&q.trace_id, &q.actor_id].into_iter().flatten() {
+        query = query.bind(text.as_str());
+    }
+    let rows: Vec<RunRead> = run(query.sent().fetch_all()).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| RunSummary {
+            kind: r.last_event.split('.').next().unwrap_or_default().to_owned(),
+            status: run_status(&r.last_event).to_owned(),
+            trace_id: r.trace_id,
+            started_at: r.started,
+            updated_at: r.updated,
+            events: r.events,
+            last_event: r.last_event,
+            actor_id: (!r.last_actor.is_empty()).then_some(r.last_actor),
+        })
+        .collect())
+}
+
+#[derive(Row, Deserialize)]
+struct ActorRead {
+    actor_type: String,
+    actor_id: String,
+    events: u64,
+    revenue: f64,
+    first_seen: i64,
+    last_seen: i64,
+}
+
+/// Actors over a range, the most active first.
+pub(super) async fn actor_activity(
+    store: &ClickHouseStore,
+    ws: &str,
+    range: Range,
+    types: &[&str],
+    actor_id: Option<&str>,
+    limit: usize,
+) -> Result<Vec<ActorActivity>> {
+    let filter = Filter::new(ws, None, None, Some(range));
+    let mut sql = format!(
+        "SELECT actor_type, actor_id, count() AS n, sum(revenue), min(ts), max(ts)
+         FROM events WHERE {} AND actor_id != ''",
+        filter.sql
+    );
+    if !types.is_empty() {
+        sql.push_str(&format!(" AND actor_type IN ({})", vec!["?"; types.len()].join(", ")));
+    }
+    if actor_id.is_some() {
+        sql.push_str(" AND actor_id = ?");
+    }
+    sql.push_str(&format!(
+        " GROUP BY actor_type, actor_id ORDER BY n DESC, actor_id LIMIT {}",
+        u64::try_from(limit).unwrap_or(u64::MAX)
+    ));
+    let mut query = filter.query(store, &sql);
+    for text in types.iter().copied().chain(actor_id) {
+        query = query.bind(text);
+    }
+    let rows: Vec<ActorRead> = run(query.sent().fetch_all()).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| ActorActivity {
+            actor_type: (!r.actor_type.is_empty()).then_some(r.actor_type),
+            actor_id: r.actor_id,
+            events: r.events,
+            revenue: r.revenue,
+            first_seen: r.first_seen,
+            last_seen: r.last_seen,
+        })
+        .collect())
 }
