@@ -668,7 +668,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..10 {
+        for case in 0..11 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -681,7 +681,8 @@ mod tests {
                 6 => c::series(&store).await,
                 7 => c::search(&store).await,
                 8 => c::proof_gaps(&store).await,
-                _ => c::runs_and_actors(&store).await,
+                9 => c::runs_and_actors(&store).await,
+                _ => c::funnel(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

@@ -37,8 +37,8 @@ impl QueryStore for ClickHouseStore {
     async fn event_series(&self, ws: &str, query: &SeriesQuery) -> Result<Vec<SeriesPoint>> {
         super::queries::series(self, ws, query).await
     }
-    async fn funnel(&self, _: &str, _: &FunnelQuery) -> Result<Vec<u64>> {
-        pending("funnels")
+    async fn funnel(&self, ws: &str, query: &FunnelQuery) -> Result<Vec<u64>> {
+        super::queries::funnel(self, ws, query).await
     }
     async fn attribution(&self, _: &str, _: &AttributionQuery) -> Result<Attribution> {
         pending("attribution")

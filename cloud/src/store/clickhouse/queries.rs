@@ -12,8 +12,9 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::store::StoredEvent;
 use crate::store::queries::{
-    ActorActivity, EventTotals, RUN_PREFIXES, Range, RunQuery, RunSummary, SEARCH_COUNT_CAP,
-    SearchQuery, SearchResult, SeriesPoint, SeriesQuery, Totals, TotalsQuery, run_status,
+    ActorActivity, EventTotals, FunnelQuery, RUN_PREFIXES, Range, RunQuery, RunSummary,
+    SEARCH_COUNT_CAP, SearchQuery, SearchResult, SeriesPoint, SeriesQuery, Totals, TotalsQuery,
+    run_status,
 };
 
 #[derive(Row, Deserialize)]
@@ -311,4 +312,102 @@ pub(super) async fn actor_activity(
             last_seen: r.last_seen,
         })
         .collect())
+}
+
+/// One actor's progress through a funnel, as in the embedded store
+/// (`embedded/journeys.rs`, docs/queries.md): rows come in time order,
+/// `mask` has bit `k` set for an event of step `k`; per step the latest
+/// start of a chain that reached it is kept, and steps are tried from the
+/// last down so one row never advances two steps. ClickHouse's own
+/// `windowFunnel` lets one event satisfy two equal steps, so the fold is
+/// done here over rows ClickHouse sorts.
+struct WindowFunnel {
+    window: i64,
+    start_before: i64,
+    starts: Vec<Option<i64>>,
+}
+
+impl WindowFunnel {
+    fn new(window: i64, start_before: i64, steps: usize) -> WindowFunnel {
+        WindowFunnel { window, start_before, starts: vec![None; steps] }
+    }
+
+    fn step(&mut self, mask: u32, ts: i64) {
+        for k in (0..self.starts.len()).rev() {
+            if mask & (1 << k) == 0 {
+                continue;
+            }
+            if k == 0 {
+                if ts < self.start_before {
+                    self.starts[0] = Some(ts);
+                }
+            } else if let Some(start) = self.starts[k - 1]
+                && ts - start <= self.window
+            {
+                self.starts[k] = Some(start);
+            }
+        }
+    }
+
+    fn level(&self) -> usize {
+        self.starts.iter().rposition(Option::is_some).map_or(0, |k| k + 1)
+    }
+}
+
+#[derive(Row, Deserialize)]
+struct StepRead {
+    actor_id: String,
+    ts: i64,
+    event: String,
+}
+
+pub(super) async fn funnel(store: &ClickHouseStore, ws: &str, q: &FunnelQuery) -> Result<Vec<u64>> {
+    let steps = q.steps.len().min(31);
+    let mut names: Vec<(&str, u32)> = Vec::new();
+    for (k, step) in q.steps.iter().take(steps).enumerate() {
+        match names.iter_mut().find(|(name, _)| *name == step.as_str()) {
+            Some((_, mask)) => *mask |= 1 << k,
+            None => names.push((step.as_str(), 1 << k)),
+        }
+    }
+    // Later steps may come up to the window after the range's end.
+    let until = q.range.to.saturating_add(q.window_ms);
+    let range = Range { from: q.range.from, to: until };
+    let filter = Filter::new(ws, q.business_id.as_deref(), None, Some(range));
+    let sql = format!(
+        "SELECT actor_id, ts, event FROM events WHERE {} AND actor_id != ''
+            AND event IN ({}) ORDER BY actor_id, ts, seq",
+        filter.sql,
+        vec!["?"; names.len()].join(", ")
+    );
+    let mut query = filter.query(store, &sql);
+    for (name, _) in &names {
+        query = query.bind(*name);
+    }
+    let mut cursor = query.sent().fetch::<StepRead>().map_err(super::classify)?;
+    let mut reached = vec![0u64; q.steps.len()];
+    let mut count = |actor: &WindowFunnel| {
+        for slot in reached.iter_mut().take(actor.level()) {
+            *slot += 1;
+        }
+    };
+    let mut current: Option<(String, WindowFunnel)> = None;
+    while let Some(row) = run(cursor.next()).await? {
+        let mask = names.iter().find(|(name, _)| *name == row.event).map_or(0, |(_, m)| *m);
+        match &mut current {
+            Some((actor, state)) if *actor == row.actor_id => state.step(mask, row.ts),
+            _ => {
+                if let Some((_, state)) = current.take() {
+                    count(&state);
+                }
+                let mut state = WindowFunnel::new(q.window_ms, q.range.to, steps);
+                state.step(mask, row.ts);
+                current = Some((row.actor_id, state));
+            }
+        }
+    }
+    if let Some((_, state)) = current {
+        count(&state);
+    }
+    Ok(reached)
 }
