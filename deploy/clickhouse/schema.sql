@@ -22,7 +22,9 @@ CREATE TABLE IF NOT EXISTS schema_version (
 -- (event, ts, id) for exactly-once storage. `seq` is insertion order, for
 -- stable ties between equal timestamps. `search_text` is what free-text
 -- search matches (event name, actor and object, property values; 2 KiB at
--- most), searched case-insensitively as a substring.
+-- most), searched case-insensitively as a substring. `num_keys` and
+-- `num_values` hold the top-level numeric properties (numbers, or text that
+-- reads as one), which metrics sum without parsing JSON.
 CREATE TABLE IF NOT EXISTS events (
     workspace_id String,
     id String,
@@ -48,6 +50,8 @@ CREATE TABLE IF NOT EXISTS events (
     channel String,
     campaign String,
     search_text String,
+    num_keys Array(String),
+    num_values Array(Float64),
     envelope String
 ) ENGINE = MergeTree()
 PARTITION BY toYYYYMM(time)
@@ -105,6 +109,22 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     events_ingested UInt64,
     api_calls UInt64
 ) ENGINE = SummingMergeTree() ORDER BY (workspace_id, day);
+
+-- Metric definitions and the snapshots a metrics query persisted, kept
+-- whole as JSON (`body`); written once, never changed.
+CREATE TABLE IF NOT EXISTS metric_definitions (
+    workspace_id String,
+    id String,
+    created_at Int64,
+    body String
+) ENGINE = MergeTree() ORDER BY (workspace_id, created_at, id);
+
+CREATE TABLE IF NOT EXISTS metric_snapshots (
+    workspace_id String,
+    id String,
+    created_at Int64,
+    body String
+) ENGINE = MergeTree() ORDER BY (workspace_id, created_at, id);
 
 -- Gateway delivery: per gateway, the session epoch and the cumulative ack.
 -- A new version is written after the batch's events are stored, so an ack

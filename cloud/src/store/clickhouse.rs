@@ -668,7 +668,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..11 {
+        for case in 0..12 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -682,7 +682,8 @@ mod tests {
                 7 => c::search(&store).await,
                 8 => c::proof_gaps(&store).await,
                 9 => c::runs_and_actors(&store).await,
-                _ => c::funnel(&store).await,
+                10 => c::funnel(&store).await,
+                _ => c::metric_definitions_and_snapshots(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

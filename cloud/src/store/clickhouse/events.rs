@@ -49,6 +49,8 @@ pub(super) struct EventRow {
     pub(super) channel: String,
     pub(super) campaign: String,
     pub(super) search_text: String,
+    pub(super) num_keys: Vec<String>,
+    pub(super) num_values: Vec<f64>,
     pub(super) envelope: String,
 }
 
@@ -135,7 +137,15 @@ pub(super) fn to_row(ws: &str, new: NewEvent) -> EventRow {
         .or_else(|| number_at(e.attribution.as_ref(), "revenue"));
     let ts = e.timestamp.unwrap_or(received_at);
     let search_text = search_text(&e, [&actor_type, &actor_id, &object_type, &object_id]);
+    let (num_keys, num_values) = e
+        .properties
+        .iter()
+        .flat_map(|props| props.keys())
+        .filter_map(|key| Some((key.clone(), number_at(e.properties.as_ref(), key)?)))
+        .unzip();
     EventRow {
+        num_keys,
+        num_values,
         search_text,
         workspace_id: ws.to_owned(),
         business_id: e.business_id.clone().unwrap_or_else(|| "default".into()),

@@ -85,26 +85,36 @@ impl QueryStore for ClickHouseStore {
     ) -> Result<Vec<Relationship>> {
         pending("relationships")
     }
-    async fn insert_metric_definition(&self, _: &str, _: &MetricDefinition) -> Result<()> {
-        pending("metric definitions")
+    async fn insert_metric_definition(
+        &self,
+        ws: &str,
+        definition: &MetricDefinition,
+    ) -> Result<()> {
+        let item = (definition.id.as_str(), definition.created_at, definition);
+        super::queries::insert_bodies(self, "metric_definitions", ws, &[item]).await
     }
-    async fn list_metric_definitions(&self, _: &str, _: usize) -> Result<Vec<MetricDefinition>> {
-        pending("metric definitions")
+    async fn list_metric_definitions(
+        &self,
+        ws: &str,
+        limit: usize,
+    ) -> Result<Vec<MetricDefinition>> {
+        super::queries::list_metric_definitions(self, ws, limit).await
     }
     async fn evaluate_metric(
         &self,
-        _: &str,
-        _: &MetricDefinition,
-        _: Range,
-        _: Option<&str>,
+        ws: &str,
+        definition: &MetricDefinition,
+        range: Range,
+        business_id: Option<&str>,
     ) -> Result<(u64, f64)> {
-        pending("metrics")
+        super::queries::evaluate_metric(self, ws, definition, range, business_id).await
     }
-    async fn insert_metric_snapshots(&self, _: &str, _: &[MetricSnapshot]) -> Result<()> {
-        pending("metric snapshots")
+    async fn insert_metric_snapshots(&self, ws: &str, snapshots: &[MetricSnapshot]) -> Result<()> {
+        let items: Vec<_> = snapshots.iter().map(|s| (s.id.as_str(), s.created_at, s)).collect();
+        super::queries::insert_bodies(self, "metric_snapshots", ws, &items).await
     }
-    async fn list_metric_snapshots(&self, _: &str, _: usize) -> Result<Vec<MetricSnapshot>> {
-        pending("metric snapshots")
+    async fn list_metric_snapshots(&self, ws: &str, limit: usize) -> Result<Vec<MetricSnapshot>> {
+        super::queries::list_metric_snapshots(self, ws, limit).await
     }
 }
 

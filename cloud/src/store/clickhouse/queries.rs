@@ -12,9 +12,9 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::store::StoredEvent;
 use crate::store::queries::{
-    ActorActivity, EventTotals, FunnelQuery, RUN_PREFIXES, Range, RunQuery, RunSummary,
-    SEARCH_COUNT_CAP, SearchQuery, SearchResult, SeriesPoint, SeriesQuery, Totals, TotalsQuery,
-    run_status,
+    ActorActivity, Aggregation, EventTotals, FunnelQuery, MetricDefinition, MetricSnapshot,
+    RUN_PREFIXES, Range, RunQuery, RunSummary, SEARCH_COUNT_CAP, SearchQuery, SearchResult,
+    SeriesPoint, SeriesQuery, Totals, TotalsQuery, run_status,
 };
 
 #[derive(Row, Deserialize)]
@@ -69,7 +69,11 @@ impl Filter {
     }
 
     fn query(&self, store: &ClickHouseStore, sql: &str) -> clickhouse::query::Query {
-        let mut query = store.client.query(sql);
+        self.bind(store.client.query(sql))
+    }
+
+    /// Binds the filter's values to the next placeholders of `query`.
+    fn bind(&self, mut query: clickhouse::query::Query) -> clickhouse::query::Query {
         for text in &self.texts {
             query = query.bind(text.as_str());
         }
@@ -410,4 +414,101 @@ pub(super) async fn funnel(store: &ClickHouseStore, ws: &str, q: &FunnelQuery) -
         count(&state);
     }
     Ok(reached)
+}
+
+#[derive(Row, serde::Serialize)]
+struct BodyRow<'a> {
+    workspace_id: &'a str,
+    id: &'a str,
+    created_at: i64,
+    body: String,
+}
+
+/// Stores metric definitions or snapshots, kept whole as JSON.
+pub(super) async fn insert_bodies<T: serde::Serialize>(
+    store: &ClickHouseStore,
+    table: &str,
+    ws: &str,
+    items: &[(&str, i64, &T)],
+) -> Result<()> {
+    let rows = items
+        .iter()
+        .map(|(id, created_at, item)| {
+            Ok(BodyRow {
+                workspace_id: ws,
+                id,
+                created_at: *created_at,
+                body: serde_json::to_string(item).map_err(Error::internal)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    store.insert_rows::<BodyRow<'_>>(table, &rows).await
+}
+
+/// The newest first.
+pub(super) async fn list_bodies<T: serde::de::DeserializeOwned>(
+    store: &ClickHouseStore,
+    table: &str,
+    ws: &str,
+    limit: usize,
+) -> Result<Vec<T>> {
+    let sql = format!(
+        "SELECT body FROM {table} WHERE workspace_id = ? ORDER BY created_at DESC, id DESC
+         LIMIT {}",
+        u64::try_from(limit).unwrap_or(u64::MAX)
+    );
+    let bodies: Vec<String> = run(store.client.query(&sql).bind(ws).sent().fetch_all()).await?;
+    bodies.iter().map(|b| serde_json::from_str(b).map_err(Error::internal)).collect()
+}
+
+pub(super) async fn list_metric_definitions(
+    store: &ClickHouseStore,
+    ws: &str,
+    limit: usize,
+) -> Result<Vec<MetricDefinition>> {
+    list_bodies(store, "metric_definitions", ws, limit).await
+}
+
+pub(super) async fn list_metric_snapshots(
+    store: &ClickHouseStore,
+    ws: &str,
+    limit: usize,
+) -> Result<Vec<MetricSnapshot>> {
+    list_bodies(store, "metric_snapshots", ws, limit).await
+}
+
+#[derive(Row, Deserialize)]
+struct MetricRead {
+    events: u64,
+    value: f64,
+}
+
+/// `(events of the definition's event, value)` over a range.
+pub(super) async fn evaluate_metric(
+    store: &ClickHouseStore,
+    ws: &str,
+    definition: &MetricDefinition,
+    range: Range,
+    business: Option<&str>,
+) -> Result<(u64, f64)> {
+    let filter = Filter::new(ws, business, Some(&definition.event_name), Some(range));
+    let property = match (definition.aggregation, definition.property.as_deref()) {
+        (Aggregation::Sum, Some(p)) if p != "revenue" => Some(p),
+        _ => None,
+    };
+    let value = match (definition.aggregation, property) {
+        (Aggregation::Count, _) => "toFloat64(count())",
+        (Aggregation::Unique, _) => "toFloat64(uniqExactIf(actor_id, actor_id != ''))",
+        (Aggregation::Sum, None) => "sum(revenue)",
+        // indexOf is 0 when absent, and element 0 of an array is 0.
+        (Aggregation::Sum, Some(_)) => "sum(num_values[indexOf(num_keys, ?)])",
+    };
+    let sql = format!("SELECT count(), {value} FROM events WHERE {}", filter.sql);
+    // The property's placeholder comes first in the text.
+    let mut query = store.client.query(&sql);
+    if let Some(property) = property {
+        query = query.bind(property);
+    }
+    let read: MetricRead = run(filter.bind(query).sent().fetch_one()).await?;
+    Ok((read.events, read.value))
 }
