@@ -126,6 +126,30 @@ CREATE TABLE IF NOT EXISTS metric_snapshots (
     body String
 ) ENGINE = MergeTree() ORDER BY (workspace_id, created_at, id);
 
+-- What events carrying `entity` said about entities and edges, one row per
+-- stored event; reads fold them (name: the latest given; properties: JSON
+-- merge patches in storage order; edges: counted).
+CREATE TABLE IF NOT EXISTS entity_observations (
+    workspace_id String,
+    type String,
+    id String,
+    name String,
+    has_name UInt8,
+    properties String,
+    ts Int64,
+    seq UInt64
+) ENGINE = MergeTree() ORDER BY (workspace_id, type, id);
+
+CREATE TABLE IF NOT EXISTS relationship_observations (
+    workspace_id String,
+    from_type String,
+    from_id String,
+    relation String,
+    to_type String,
+    to_id String,
+    ts Int64
+) ENGINE = MergeTree() ORDER BY (workspace_id, from_type, from_id, relation, to_type, to_id);
+
 -- Gateway delivery: per gateway, the session epoch and the cumulative ack.
 -- A new version is written after the batch's events are stored, so an ack
 -- never runs ahead of the data; a batch redelivered after a crash between

@@ -20,6 +20,7 @@
 
 mod events;
 mod gateway;
+mod graph;
 mod pending;
 mod queries;
 
@@ -638,7 +639,7 @@ mod tests {
     #[tokio::test]
     async fn calls_not_offered_yet_answer_501_never_empty() {
         let (store, _server) = open().await;
-        let err = store.list_entities("ws", None, 10).await.unwrap_err();
+        let err = store.connector_loads("ws", 0).await.unwrap_err();
         assert!(matches!(err, Error::NotImplemented(..)), "{err:?}");
         let response = axum::response::IntoResponse::into_response(err);
         assert_eq!(response.status(), axum::http::StatusCode::NOT_IMPLEMENTED);
@@ -668,7 +669,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..12 {
+        for case in 0..13 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -683,7 +684,8 @@ mod tests {
                 8 => c::proof_gaps(&store).await,
                 9 => c::runs_and_actors(&store).await,
                 10 => c::funnel(&store).await,
-                _ => c::metric_definitions_and_snapshots(&store).await,
+                11 => c::metric_definitions_and_snapshots(&store).await,
+                _ => c::entities_and_relationships(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

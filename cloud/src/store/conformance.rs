@@ -845,15 +845,16 @@ pub async fn gateway_batches(store: &dyn Store) {
 /// fresh store from `$open()` (an async fn returning `(store, guard)`).
 /// `store_conformance!(core: $open)` runs only the cases of [`Store`]'s own
 /// methods, of [`super::gateway::GatewayStore`] and of the totals, series,
-/// search, proof-gap, run, actor, funnel, metric and business queries, for
-/// a backend that does not answer the rest yet.
+/// search, proof-gap, run, actor, funnel, metric, business, entity and
+/// relationship queries, for a backend that does not answer the rest yet.
 #[macro_export]
 macro_rules! store_conformance {
     (core: $open:path) => {
         $crate::store_conformance!(@cases $open;
             workspaces_and_keys, list_events, appends_are_idempotent, usage_counters,
             gateway_batches, totals, totals_at_unaligned_edges, series, period_diff, search,
-            proof_gaps, runs_and_actors, funnel, metric_definitions_and_snapshots, businesses);
+            proof_gaps, runs_and_actors, funnel, metric_definitions_and_snapshots, businesses,
+            entities_and_relationships);
     };
     ($open:path) => {
         $crate::store_conformance!(@cases $open;

@@ -67,7 +67,7 @@ fn party_columns(party: Option<&Party>) -> (String, String) {
     }
 }
 
-fn text_at(map: Option<&Map<String, Value>>, key: &str) -> Option<String> {
+pub(super) fn text_at(map: Option<&Map<String, Value>>, key: &str) -> Option<String> {
     match map?.get(key)? {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
@@ -315,6 +315,7 @@ pub(super) async fn store_rows(
         fresh.push(row);
     }
     store.insert_rows::<EventRow>("events", &fresh).await?;
+    super::graph::observe(store, ws, &fresh).await?;
     let version = store.clock.next();
     let ledger: Vec<MessageIdRow<'_>> = fresh
         .iter()

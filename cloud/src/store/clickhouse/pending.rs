@@ -74,16 +74,21 @@ impl QueryStore for ClickHouseStore {
     async fn business_exists(&self, ws: &str, business_id: &str) -> Result<bool> {
         self.business_exists_impl(ws, business_id).await
     }
-    async fn list_entities(&self, _: &str, _: Option<&str>, _: usize) -> Result<Vec<Entity>> {
-        pending("entities")
+    async fn list_entities(
+        &self,
+        ws: &str,
+        kind: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Entity>> {
+        super::graph::list_entities(self, ws, kind, limit).await
     }
     async fn list_relationships(
         &self,
-        _: &str,
-        _: Option<(&str, &str)>,
-        _: usize,
+        ws: &str,
+        node: Option<(&str, &str)>,
+        limit: usize,
     ) -> Result<Vec<Relationship>> {
-        pending("relationships")
+        super::graph::list_relationships(self, ws, node, limit).await
     }
     async fn insert_metric_definition(
         &self,

@@ -1,0 +1,225 @@
+//! Entities and relationships on ClickHouse: each stored event that
+//! carries `entity` adds an observation of the entity (and, when its actor
+//! and object are both typed references, of the edge between them); reads
+//! fold the observations the way the embedded store's upserts do: the
+//! latest name given is kept, properties are JSON merge patches applied in
+//! storage order, `first_seen` is the first observation's time and
+//! `last_seen` the latest, edges are counted.
+
+use clickhouse::Row;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::events::{EventRow, text_at};
+use super::{ClickHouseStore, Sent, run};
+use crate::error::{Error, Result};
+use crate::store::queries::{Entity, Relationship};
+
+#[derive(Row, Serialize)]
+struct EntityRow<'a> {
+    workspace_id: &'a str,
+    r#type: String,
+    id: String,
+    name: String,
+    has_name: u8,
+    properties: String,
+    ts: i64,
+    seq: u64,
+}
+
+#[derive(Row, Serialize)]
+struct EdgeRow<'a> {
+    workspace_id: &'a str,
+    from_type: &'a str,
+    from_id: &'a str,
+    relation: &'a str,
+    to_type: &'a str,
+    to_id: &'a str,
+    ts: i64,
+}
+
+/// Records what the freshly stored `rows` say about entities and edges.
+pub(super) async fn observe(store: &ClickHouseStore, ws: &str, rows: &[EventRow]) -> Result<()> {
+    let mut entities = Vec::new();
+    let mut edges = Vec::new();
+    // Only envelopes that mention `entity` are parsed again.
+    for row in rows.iter().filter(|r| r.envelope.contains("\"entity\"")) {
+        let envelope: Value = serde_json::from_str(&row.envelope).map_err(Error::internal)?;
+        let Some(entity) = envelope.get("entity").and_then(Value::as_object) else {
+            continue;
+        };
+        let (Some(kind), Some(id)) = (text_at(Some(entity), "type"), text_at(Some(entity), "id"))
+        else {
+            continue;
+        };
+        let name = text_at(Some(entity), "name");
+        let properties = entity
+            .get("properties")
+            .filter(|p| p.is_object())
+            .map_or_else(|| "{}".to_owned(), Value::to_string);
+        entities.push(EntityRow {
+            workspace_id: ws,
+            r#type: kind,
+            id,
+            has_name: u8::from(name.is_some()),
+            name: name.unwrap_or_default(),
+            properties,
+            ts: row.ts,
+            seq: row.seq,
+        });
+        if !row.actor_type.is_empty() && !row.object_type.is_empty() {
+            edges.push(EdgeRow {
+                workspace_id: ws,
+                from_type: &row.actor_type,
+                from_id: &row.actor_id,
+                relation: &row.event,
+                to_type: &row.object_type,
+                to_id: &row.object_id,
+                ts: row.ts,
+            });
+        }
+    }
+    store.insert_rows::<EntityRow<'_>>("entity_observations", &entities).await?;
+    store.insert_rows::<EdgeRow<'_>>("relationship_observations", &edges).await
+}
+
+/// RFC 7396 merge patch, as SQLite's `json_patch`.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    if let Value::Object(map) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                map.remove(key);
+            } else {
+                merge_patch(map.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
+#[derive(Row, Deserialize)]
+struct EntityRead {
+    kind: String,
+    id: String,
+    name: String,
+    has_name: u8,
+    first_seen: i64,
+    last_seen: i64,
+}
+
+#[derive(Row, Deserialize)]
+struct PatchRead {
+    kind: String,
+    id: String,
+    properties: String,
+}
+
+pub(super) async fn list_entities(
+    store: &ClickHouseStore,
+    ws: &str,
+    kind: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Entity>> {
+    let filter = if kind.is_some() { " AND type = ?" } else { "" };
+    let sql = format!(
+        "SELECT type, id, argMaxIf(name, seq, has_name = 1), max(has_name),
+            argMin(ts, seq), max(ts) AS last
+         FROM entity_observations WHERE workspace_id = ?{filter}
+         GROUP BY type, id ORDER BY last DESC, type, id LIMIT {}",
+        u64::try_from(limit).unwrap_or(u64::MAX)
+    );
+    let mut query = store.client.query(&sql).bind(ws);
+    if let Some(kind) = kind {
+        query = query.bind(kind);
+    }
+    let found: Vec<EntityRead> = run(query.sent().fetch_all()).await?;
+    if found.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT type, id, properties FROM entity_observations
+         WHERE workspace_id = ? AND (type, id) IN ({}) ORDER BY seq",
+        vec!["(?, ?)"; found.len()].join(", ")
+    );
+    let mut query = store.client.query(&sql).bind(ws);
+    for e in &found {
+        query = query.bind(e.kind.as_str()).bind(e.id.as_str());
+    }
+    let patches: Vec<PatchRead> = run(query.sent().fetch_all()).await?;
+    let mut merged: std::collections::HashMap<(String, String), Value> =
+        std::collections::HashMap::new();
+    for p in patches {
+        let patch: Value = serde_json::from_str(&p.properties).map_err(Error::internal)?;
+        let slot = merged.entry((p.kind, p.id)).or_insert_with(|| Value::Object(Map::new()));
+        merge_patch(slot, &patch);
+    }
+    Ok(found
+        .into_iter()
+        .map(|e| Entity {
+            properties: merged
+                .remove(&(e.kind.clone(), e.id.clone()))
+                .unwrap_or_else(|| Value::Object(Map::new())),
+            name: (e.has_name == 1).then_some(e.name),
+            kind: e.kind,
+            id: e.id,
+            first_seen: e.first_seen,
+            last_seen: e.last_seen,
+        })
+        .collect())
+}
+
+#[derive(Row, Deserialize)]
+struct EdgeRead {
+    from_type: String,
+    from_id: String,
+    relation: String,
+    to_type: String,
+    to_id: String,
+    count: u64,
+    first_seen: i64,
+    last_seen: i64,
+}
+
+pub(super) async fn list_relationships(
+    store: &ClickHouseStore,
+    ws: &str,
+    node: Option<(&str, &str)>,
+    limit: usize,
+) -> Result<Vec<Relationship>> {
+    let filter = if node.is_some() {
+        " AND ((from_type = ? AND from_id = ?) OR (to_type = ? AND to_id = ?))"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT from_type, from_id, relation, to_type, to_id, count(), min(ts), max(ts) AS last
+         FROM relationship_observations WHERE workspace_id = ?{filter}
+         GROUP BY from_type, from_id, relation, to_type, to_id
+         ORDER BY last DESC, from_type, from_id, relation, to_type, to_id LIMIT {}",
+        u64::try_from(limit).unwrap_or(u64::MAX)
+    );
+    let mut query = store.client.query(&sql).bind(ws);
+    if let Some((kind, id)) = node {
+        query = query.bind(kind).bind(id).bind(kind).bind(id);
+    }
+    let rows: Vec<EdgeRead> = run(query.sent().fetch_all()).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Relationship {
+            from_type: r.from_type,
+            from_id: r.from_id,
+            relation: r.relation,
+            to_type: r.to_type,
+            to_id: r.to_id,
+            count: r.count,
+            first_seen: r.first_seen,
+            last_seen: r.last_seen,
+        })
+        .collect())
+}
