@@ -165,7 +165,10 @@ pub fn open_writer_connection(dir: &Path) -> Result<Connection> {
         .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;
     configure_writer(&conn).map_err(Error::internal)?;
     migrate(&conn).map_err(Error::internal)?;
-    conn.execute_batch(events::PENDING_SEARCH_TABLE).map_err(Error::internal)?;
+    conn.execute_batch(events::PENDING_TABLES).map_err(Error::internal)?;
+    // Statistics for the planner: only tables whose size changed much since
+    // their last analysis, each sampled, so this stays in milliseconds.
+    conn.execute_batch("PRAGMA optimize = 0x10002").map_err(Error::internal)?;
     Ok(conn)
 }
 
@@ -180,7 +183,7 @@ pub fn append_in_transaction(
 ) -> Result<AppendResult> {
     conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
     let appended = events::append(conn, workspace_id, rows.0, idempotency_key)
-        .and_then(|result| events::flush_search(conn).map(|()| result).map_err(sql));
+        .and_then(|result| events::flush_pending(conn).map(|()| result).map_err(sql));
     match appended {
         Ok(result) => {
             if let Err(e) = conn.execute_batch("COMMIT") {
@@ -221,16 +224,16 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "busy_timeout", 5000)?;
     conn.pragma_update(None, "cache_size", -65536)?;
     conn.pragma_update(None, "mmap_size", 268_435_456)?;
-    // Funnels and attribution sort their candidate rows: in memory, not
+    // Attribution sorts its candidate rows: in memory, not
     // in temporary files.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    journeys::register_functions(&conn)?;
     Ok(conn)
 }
 
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(SCHEMA)?;
+    backfill_rollups(conn)?;
     let current: Option<i64> =
         conn.query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))?;
     if current.is_none() {
@@ -242,7 +245,54 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Fills a rollup added to the schema after events were stored, once (a
+/// new store has nothing to fill: instant). At 10 M events `event_actors`
+/// takes about a minute, during which the store does not open.
+fn backfill_rollups(conn: &Connection) -> rusqlite::Result<()> {
+    let done: Option<i64> = conn
+        .query_row("SELECT built_at FROM rollup_backfills WHERE name = 'event_actors'", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    if done.is_some() {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    // Per business from the events, then all businesses ('') from those.
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         INSERT INTO event_actors (workspace_id, event, business_id, actor_id, first_ts, last_ts)
+         SELECT workspace_id, event, business_id, actor_id, min(ts), max(ts) FROM events
+         WHERE actor_id IS NOT NULL GROUP BY workspace_id, event, business_id, actor_id
+         ON CONFLICT DO UPDATE SET first_ts = min(first_ts, excluded.first_ts),
+            last_ts = max(last_ts, excluded.last_ts);
+         INSERT INTO event_actors (workspace_id, event, business_id, actor_id, first_ts, last_ts)
+         SELECT workspace_id, event, '', actor_id, min(first_ts), max(last_ts) FROM event_actors
+         WHERE business_id <> '' GROUP BY workspace_id, event, actor_id
+         ON CONFLICT DO UPDATE SET first_ts = min(first_ts, excluded.first_ts),
+            last_ts = max(last_ts, excluded.last_ts);",
+    )?;
+    let marked = conn.execute(
+        "INSERT INTO rollup_backfills (name, built_at) VALUES ('event_actors', ?1)",
+        [crate::now_ms()],
+    );
+    match marked.and_then(|_| conn.execute_batch("COMMIT")) {
+        Ok(()) => {
+            tracing::info!(took_ms = started.elapsed().as_millis() as u64, "event_actors filled");
+            Ok(())
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// How often the writer refreshes the planner's statistics between groups.
+const OPTIMIZE_EVERY: Duration = Duration::from_secs(3600);
+
 fn writer_loop(conn: Connection, rx: mpsc::Receiver<Command>, window: Duration) {
+    let mut optimized = std::time::Instant::now();
     while let Ok(first) = rx.recv() {
         let mut jobs = Vec::new();
         let mut closing = None;
@@ -263,6 +313,14 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Command>, window: Duration) 
         if !jobs.is_empty() {
             run_group(&conn, jobs);
         }
+        if optimized.elapsed() >= OPTIMIZE_EVERY {
+            // Sampled (SQLite bounds the rows it reads), so milliseconds of
+            // writer time per hour.
+            if let Err(e) = conn.execute_batch("PRAGMA optimize = 0x10002") {
+                tracing::warn!(error = %e, "optimize failed");
+            }
+            optimized = std::time::Instant::now();
+        }
         if let Some(done) = closing {
             if let Err(e) = conn.pragma_update(None, "wal_checkpoint", "TRUNCATE") {
                 tracing::warn!(error = %e, "checkpoint on close failed");
@@ -280,8 +338,8 @@ fn run_cached(conn: &Connection, statement: &str) -> rusqlite::Result<()> {
 }
 
 /// One transaction for the whole group, one savepoint per job; the search
-/// entries the jobs queued are indexed once, at the end
-/// ([`events::flush_search`]).
+/// entries and actor bounds the jobs queued are written once, at the end
+/// ([`events::flush_pending`]).
 fn run_group(conn: &Connection, jobs: Vec<Job>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "store transaction could not begin");
@@ -307,7 +365,7 @@ fn run_group(conn: &Connection, jobs: Vec<Job>) {
         }
         replies.push(reply);
     }
-    let committed = events::flush_search(conn).and_then(|()| conn.execute_batch("COMMIT"));
+    let committed = events::flush_pending(conn).and_then(|()| conn.execute_batch("COMMIT"));
     if let Err(e) = &committed {
         tracing::error!(error = %e, "commit failed; the group is rolled back");
         let _ = conn.execute_batch("ROLLBACK");

@@ -2,8 +2,8 @@
 //! id) → event id`, and the sync log.
 //!
 //! A known record's event is replaced: its old row is removed together with
-//! what the append derived from it (search entry, hourly rollup, the
-//! relationship count), then the new version is appended under the same id
+//! what the append derived from it (search entry, hourly rollup, actor
+//! bounds, the relationship count), then the new version is appended under the same id
 //! through `events::append`, the path every event takes. Both happen in the
 //! writer's transaction, so readers see the old version or the new one,
 //! never both or neither.
@@ -21,7 +21,7 @@ const HOUR_MS: i64 = 3_600_000;
 /// Keep in step with `events::append`: whatever it adds per event, this
 /// takes away. Usage counters are left alone (see [`upsert`]).
 fn remove_event(conn: &Connection, ws: &str, event_id: &str) -> Result<()> {
-    type Old = (i64, String, String, i64, Option<f64>, Option<[String; 4]>, bool);
+    type Old = (i64, String, String, i64, Option<f64>, Option<[String; 4]>, bool, Option<String>);
     let old: Option<Old> = conn
         .prepare_cached(
             "SELECT seq, business_id, event, ts, revenue, actor_type, actor_id, object_type,
@@ -45,12 +45,13 @@ fn remove_event(conn: &Connection, ws: &str, event_id: &str) -> Result<()> {
                     r.get(4)?,
                     parties,
                     r.get::<_, Option<bool>>(9)?.unwrap_or(false),
+                    r.get(6)?,
                 ))
             })
             .optional()
         })
         .map_err(sql)?;
-    let Some((seq, business, event, ts, revenue, parties, has_entity)) = old else {
+    let Some((seq, business, event, ts, revenue, parties, has_entity, actor)) = old else {
         return Ok(());
     };
     let hour = ts.div_euclid(HOUR_MS);
@@ -69,6 +70,24 @@ fn remove_event(conn: &Connection, ws: &str, event_id: &str) -> Result<()> {
             AND count <= 0",
         &[&ws, &business, &event, &hour],
     )?;
+    // The actor's other events of this name still span (first, last) when
+    // this one lies strictly inside and none is queued in this transaction;
+    // otherwise the bounds become unknown (i64::MIN, i64::MAX), and
+    // distinct-actor counts of this event name read events from then on
+    // (docs/queries.md). Its business's row and the all-businesses one ('').
+    for business in [business.as_str(), ""] {
+        let Some(actor) = &actor else { break };
+        run(
+            "INSERT INTO event_actors (workspace_id, event, business_id, actor_id, first_ts,
+                last_ts)
+             VALUES (?1, ?2, ?3, ?4, -9223372036854775808, 9223372036854775807)
+             ON CONFLICT DO UPDATE SET first_ts = excluded.first_ts, last_ts = excluded.last_ts
+             WHERE NOT (first_ts < ?5 AND last_ts > ?5) OR EXISTS (
+                SELECT 1 FROM temp.pending_actors AS p WHERE p.workspace_id = ?1
+                    AND p.event = ?2 AND p.business_id = ?3 AND p.actor_id = ?4)",
+            &[&ws, &event, &business, actor, &ts],
+        )?;
+    }
     if let (true, Some([from_type, from_id, to_type, to_id])) = (has_entity, &parties) {
         run(
             "UPDATE relationships SET count = count - 1
@@ -229,6 +248,10 @@ mod tests {
     use std::time::Duration;
 
     fn record(id: &str, total: f64, now: i64) -> ConnectorRecord {
+        record_at(id, total, now, now - 60_000)
+    }
+
+    fn record_at(id: &str, total: f64, now: i64, at: i64) -> ConnectorRecord {
         let envelope = json!({
             "event": "order.created",
             "businessId": "default",
@@ -237,7 +260,7 @@ mod tests {
             "entity": {"type": "order", "id": format!("shopify:{id}")},
             "outcome": {"revenue": total, "currency": "USD"},
             "properties": {"note": format!("total {total}")},
-            "timestamp": now - 60_000,
+            "timestamp": at,
         });
         ConnectorRecord {
             record_id: id.into(),
@@ -325,6 +348,52 @@ mod tests {
         let syncs = store.list_connector_syncs("ws_a", 10).await.unwrap();
         assert_eq!(syncs.len(), 2);
         assert_eq!((syncs[0].received, syncs[0].ingested, syncs[0].updated), (3, 1, 2));
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_replaced_event_keeps_the_actor_bounds_true() {
+        use crate::store::queries::{QueryStore, Range, TotalsQuery};
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), Duration::ZERO).unwrap();
+        let ws = Workspace { id: "ws_a".into(), name: "a".into(), created_at: 0 };
+        store.create_workspace(&ws).await.unwrap();
+        let now = crate::now_ms();
+        let m = 60_000;
+        let at = |id: &str, minutes_ago: i64| record_at(id, 1.0, now, now - minutes_ago * m);
+        let records = vec![at("1", 30), at("2", 20), at("3", 10)];
+        store.upsert_connector_records("ws_a", records, sync(3)).await.unwrap();
+        let bounds = || {
+            store.read(|conn| {
+                let q = "SELECT first_ts, last_ts FROM event_actors WHERE business_id = ''";
+                conn.query_row(q, [], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                    .map_err(sql)
+            })
+        };
+        let unique = |from_ago: i64, to_ago: i64| {
+            let query = TotalsQuery {
+                range: Some(Range { from: now - from_ago * m, to: now - to_ago * m }),
+                unique_actors: true,
+                limit: 10,
+                ..TotalsQuery::default()
+            };
+            let store = &store;
+            async move {
+                let totals = store.event_totals("ws_a", &query).await.unwrap();
+                totals.events.iter().map(|e| e.unique_actors.unwrap()).sum::<u64>()
+            }
+        };
+        assert_eq!(bounds().await.unwrap(), (now - 30 * m, now - 10 * m));
+        // The middle one replaced: the bounds still hold.
+        store.upsert_connector_records("ws_a", vec![at("2", 20)], sync(1)).await.unwrap();
+        assert_eq!(bounds().await.unwrap(), (now - 30 * m, now - 10 * m));
+        // The first one moved later: its old time was a bound, now unknown;
+        // counts read the events.
+        store.upsert_connector_records("ws_a", vec![at("1", 15)], sync(1)).await.unwrap();
+        assert_eq!(bounds().await.unwrap(), (i64::MIN, i64::MAX));
+        assert_eq!(unique(40, 0).await, 1);
+        assert_eq!(unique(40, 25).await, 0);
+        assert_eq!(unique(16, 14).await, 1);
         store.close().await.unwrap();
     }
 }

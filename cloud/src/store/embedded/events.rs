@@ -1,6 +1,6 @@
 //! Event rows of the embedded store: what one ingest writes (event row,
-//! search text, hourly rollup, entity and relationship, usage) and how
-//! recent events are listed.
+//! search text, hourly rollup, actor bounds, entity and relationship,
+//! usage) and how recent events are listed.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -170,8 +170,9 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
 /// Writes one ingest request; runs inside the writer's savepoint, so an
 /// error leaves nothing behind. `connectors::remove_event` reverses what
 /// this derives from one event (search entry, rollup, relationship count):
-/// keep the two in step. Search entries are queued and reach `events_fts`
-/// through [`flush_search`] when the transaction commits.
+/// keep the two in step. Search entries and actor bounds are queued and
+/// reach `events_fts` and `event_actors` through [`flush_pending`] when the
+/// transaction commits.
 pub(super) fn append(
     conn: &Connection,
     ws: &str,
@@ -212,6 +213,7 @@ pub(super) fn append(
         .map_err(sql)?;
     let mut ids = Vec::with_capacity(rows.len());
     let mut hourly: HashMap<(String, String, i64), (i64, f64)> = HashMap::new();
+    let mut actors: HashMap<(String, String, String), (i64, i64)> = HashMap::new();
     let mut businesses: Vec<String> = Vec::new();
     let mut inserted = 0usize;
 
@@ -261,6 +263,14 @@ pub(super) fn append(
             .or_default();
         slot.0 += 1;
         slot.1 += row.revenue.unwrap_or(0.0);
+        if let Some(actor) = &row.actor.1 {
+            // Its business, and '' for all businesses (schema.sql).
+            for business in [row.business_id.as_str(), ""] {
+                let key = (row.event.clone(), business.to_owned(), actor.clone());
+                let bounds = actors.entry(key).or_insert((row.ts, row.ts));
+                *bounds = (bounds.0.min(row.ts), bounds.1.max(row.ts));
+            }
+        }
         if !businesses.contains(&row.business_id) {
             businesses.push(row.business_id.clone());
         }
@@ -280,6 +290,18 @@ pub(super) fn append(
         .map_err(sql)?;
     for ((business, event, hour), (count, revenue)) in hourly {
         rollup.execute(params![ws, business, event, hour, count, revenue]).map_err(sql)?;
+    }
+    let mut bounds = conn
+        .prepare_cached(
+            "INSERT INTO temp.pending_actors
+                (workspace_id, event, business_id, actor_id, first_ts, last_ts)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT DO UPDATE SET first_ts = min(first_ts, excluded.first_ts),
+                last_ts = max(last_ts, excluded.last_ts)",
+        )
+        .map_err(sql)?;
+    for ((event, business, actor), (first, last)) in actors {
+        bounds.execute(params![ws, event, business, actor, first, last]).map_err(sql)?;
     }
     for business in businesses {
         conn.prepare_cached(
@@ -312,20 +334,30 @@ pub(super) fn append(
     Ok(AppendResult { ids, inserted })
 }
 
-/// The per-connection queue of search entries written by [`append`] and
-/// moved into `events_fts` by [`flush_search`] just before the transaction
-/// commits. FTS5 writes its pending entries out as a new index segment at
-/// every savepoint, so indexing inside the writer's per-request savepoints
-/// made one segment per request (and merge work to match); queued here, a
-/// whole group commit becomes one segment. A request rolled back to its
-/// savepoint takes its queued entries with it.
-pub(super) const PENDING_SEARCH_TABLE: &str =
-    "CREATE TEMP TABLE IF NOT EXISTS pending_search (seq INTEGER PRIMARY KEY, body TEXT NOT NULL)";
+/// The per-connection queues written by [`append`] and emptied by
+/// [`flush_pending`] just before the transaction commits.
+///
+/// - Search entries: FTS5 writes its pending entries out as a new index
+///   segment at every savepoint, so indexing inside the writer's
+///   per-request savepoints made one segment per request (and merge work to
+///   match); queued here, a whole group commit becomes one segment.
+/// - Actor bounds: one upsert into `event_actors` per event name and actor
+///   of the whole group instead of one per request.
+///
+/// A request rolled back to its savepoint takes its queued entries with it.
+pub(super) const PENDING_TABLES: &str = "
+    CREATE TEMP TABLE IF NOT EXISTS pending_search (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
+    CREATE TEMP TABLE IF NOT EXISTS pending_actors (
+        workspace_id TEXT NOT NULL, event TEXT NOT NULL, business_id TEXT NOT NULL,
+        actor_id TEXT NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
+        PRIMARY KEY (workspace_id, event, business_id, actor_id)
+    ) WITHOUT ROWID;";
 
 /// Indexes the queued search entries of events that still exist (one may
-/// have been replaced in the same transaction), then empties the queue.
-/// Call inside the transaction, outside any savepoint, right before COMMIT.
-pub(super) fn flush_search(conn: &Connection) -> rusqlite::Result<()> {
+/// have been replaced in the same transaction), merges the queued actor
+/// bounds into `event_actors`, then empties the queues. Call inside the
+/// transaction, outside any savepoint, right before COMMIT.
+pub(super) fn flush_pending(conn: &Connection) -> rusqlite::Result<()> {
     // CROSS JOIN keeps the queue as the outer loop: with a plain JOIN the
     // planner may scan all of `events` and probe the queue instead.
     conn.prepare_cached(
@@ -335,6 +367,17 @@ pub(super) fn flush_search(conn: &Connection) -> rusqlite::Result<()> {
     )?
     .execute([])?;
     conn.prepare_cached("DELETE FROM temp.pending_search")?.execute([])?;
+    // Bounds of a removed event are widened to unknown by
+    // `connectors::remove_event`; min/max keep them unknown here.
+    conn.prepare_cached(
+        "INSERT INTO event_actors (workspace_id, event, business_id, actor_id, first_ts, last_ts)
+         SELECT workspace_id, event, business_id, actor_id, first_ts, last_ts
+         FROM temp.pending_actors WHERE true
+         ON CONFLICT DO UPDATE SET first_ts = min(first_ts, excluded.first_ts),
+            last_ts = max(last_ts, excluded.last_ts)",
+    )?
+    .execute([])?;
+    conn.prepare_cached("DELETE FROM temp.pending_actors")?.execute([])?;
     Ok(())
 }
 
@@ -430,11 +473,9 @@ mod tests {
     use super::*;
 
     fn rows(name: &str) -> Vec<Row> {
-        prepare_rows(vec![NewEvent {
-            id: crate::ids::new_id("evt"),
-            received_at: 1_000,
-            event: opgraph_proto::Event::named(name),
-        }])
+        let mut event = opgraph_proto::Event::named(name);
+        event.actor = Some(Party::Name("user-1".into()));
+        prepare_rows(vec![NewEvent { id: crate::ids::new_id("evt"), received_at: 1_000, event }])
     }
 
     fn matches(conn: &Connection, text: &str) -> i64 {
@@ -443,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn search_entries_are_indexed_at_the_flush_and_leave_with_a_rolled_back_request() {
+    fn queued_entries_reach_their_tables_at_the_flush_and_leave_with_a_rolled_back_request() {
         let dir = tempfile::tempdir().unwrap();
         let conn = super::super::open_writer_connection(dir.path()).unwrap();
         conn.execute_batch("BEGIN IMMEDIATE; SAVEPOINT job").unwrap();
@@ -452,12 +493,27 @@ mod tests {
         append(&conn, "ws", rows("pallet.dropped"), None).unwrap();
         conn.execute_batch("ROLLBACK TO job; RELEASE job").unwrap();
         assert_eq!(matches(&conn, "pallet"), 0, "queued, not yet indexed");
-        flush_search(&conn).unwrap();
+        flush_pending(&conn).unwrap();
         conn.execute_batch("COMMIT").unwrap();
         assert_eq!(matches(&conn, "kept"), 1);
         assert_eq!(matches(&conn, "dropped"), 0);
-        let queued: i64 =
-            conn.query_row("SELECT count(*) FROM temp.pending_search", [], |r| r.get(0)).unwrap();
-        assert_eq!(queued, 0);
+        let bounds: Vec<(String, i64, i64)> = conn
+            .prepare(
+                "SELECT event || '/' || business_id, first_ts, last_ts FROM event_actors
+                 WHERE actor_id = 'user-1' ORDER BY business_id",
+            )
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let kept = |key: &str| (key.to_owned(), 1_000, 1_000);
+        assert_eq!(bounds, [kept("pallet.kept/"), kept("pallet.kept/default")]);
+        for queue in ["pending_search", "pending_actors"] {
+            let queued: i64 = conn
+                .query_row(&format!("SELECT count(*) FROM temp.{queue}"), [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(queued, 0, "{queue}");
+        }
     }
 }

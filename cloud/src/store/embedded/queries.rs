@@ -4,6 +4,9 @@
 //! - Totals and series read whole hours from `event_counts_hourly` and only
 //!   the partial hours at the range's edges from `events`, so a 30-day
 //!   metric reads ~720 rollup rows per event name plus two hours of events.
+//! - Distinct actors read one row per actor from `event_actors` (first and
+//!   last event time), and events only when an actor's events surround the
+//!   range.
 //! - Funnels and attribution follow each actor's events in time order:
 //!   [`journeys`](super::journeys).
 //! - Search goes through the trigram index `events_fts`; governed events
@@ -26,7 +29,7 @@ use crate::store::queries::{
 
 /// A statement's text and its named parameters, built up from the filters
 /// present (fixed `:x IS NULL OR ...` arms would defeat the planner).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Sql {
     args: Vec<(String, SqlValue)>,
 }
@@ -163,8 +166,58 @@ fn totals(conn: &Connection, ws: &str, query: &TotalsQuery) -> Result<Totals> {
     Ok(out)
 }
 
-/// Distinct actor ids of one event over the `events_event_ts` index.
+/// Distinct actor ids of one event: from `event_actors` when it knows,
+/// else from the events.
 fn unique_actors(
+    conn: &Connection,
+    ws: &str,
+    event: &str,
+    range: Option<Range>,
+    business: Option<&str>,
+) -> Result<u64> {
+    match unique_actors_from_bounds(conn, ws, event, range, business)? {
+        Some(n) => Ok(n),
+        None => unique_actors_from_events(conn, ws, event, range, business),
+    }
+}
+
+/// An actor whose first or last event of that name lies in the range has
+/// one there: when no actor has events on both sides of the range without
+/// either bound inside it (one that may or may not have come by in
+/// between, or bounds a removal made unknown), the actors with a bound
+/// inside are the answer. `None` otherwise.
+fn unique_actors_from_bounds(
+    conn: &Connection,
+    ws: &str,
+    event: &str,
+    range: Option<Range>,
+    business: Option<&str>,
+) -> Result<Option<u64>> {
+    let mut q = Sql::default();
+    q.bind(":ws", ws.to_owned());
+    q.bind(":event", event.to_owned());
+    // No range: every known bound is inside; unknown ones (i64::MIN,
+    // i64::MAX) are not.
+    let r = range.unwrap_or(Range { from: i64::MIN + 1, to: i64::MAX });
+    q.bind(":from", r.from);
+    q.bind(":to", r.to);
+    // One row per actor: its business's, or the all-businesses one ('').
+    q.bind(":biz", business.unwrap_or("").to_owned());
+    let text = "SELECT count(*) FILTER (WHERE (first_ts >= :from AND first_ts < :to)
+                OR (last_ts >= :from AND last_ts < :to)),
+            count(*) FILTER (WHERE first_ts < :from AND last_ts >= :to)
+         FROM event_actors WHERE workspace_id = :ws AND event = :event AND business_id = :biz";
+    let (inside, around) = conn
+        .prepare_cached(text)
+        .and_then(|mut s| {
+            s.query_row(q.params().as_slice(), |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+        })
+        .map_err(sql)?;
+    Ok((around == 0).then(|| count(inside)))
+}
+
+/// Distinct actor ids of one event over the `events_event_ts` index.
+fn unique_actors_from_events(
     conn: &Connection,
     ws: &str,
     event: &str,
@@ -447,7 +500,8 @@ fn evaluate(
     q.bind(":to", range.to);
     let value = match (definition.aggregation, definition.property.as_deref()) {
         (Aggregation::Count, _) => "count(*)".to_owned(),
-        (Aggregation::Unique, _) => "count(DISTINCT actor_id)".to_owned(),
+        // Filled in below from the rollup.
+        (Aggregation::Unique, _) => "0.0".to_owned(),
         (Aggregation::Sum, Some("revenue") | None) => "coalesce(sum(revenue), 0)".to_owned(),
         (Aggregation::Sum, Some(property)) => {
             q.bind(":path", format!("$.properties.\"{}\"", property.replace('"', "")));
@@ -463,13 +517,19 @@ fn evaluate(
         "SELECT count(*), {value} FROM events
          WHERE workspace_id = :ws AND event = :event AND ts >= :from AND ts < :to{filter}"
     );
-    conn.prepare_cached(&text)
+    let (events, value) = conn
+        .prepare_cached(&text)
         .and_then(|mut s| {
             s.query_row(q.params().as_slice(), |r| {
                 Ok((count(r.get::<_, i64>(0)?), r.get::<_, f64>(1)?))
             })
         })
-        .map_err(sql)
+        .map_err(sql)?;
+    if definition.aggregation == Aggregation::Unique {
+        let actors = unique_actors(conn, ws, &definition.event_name, Some(range), business)? as f64;
+        return Ok((events, actors));
+    }
+    Ok((events, value))
 }
 
 fn from_body<T: serde::de::DeserializeOwned>(body: &str) -> Result<T> {
@@ -776,6 +836,68 @@ mod tests {
         let s = split(Range { from: 10 * h + 1, to: 10 * h + 9 });
         assert_eq!(s.hours, (0, 0));
         assert_eq!(s.left, (10 * h + 1, 10 * h + 9));
+    }
+
+    #[test]
+    fn distinct_actors_from_bounds_match_the_events_for_every_range() {
+        use crate::store::NewEvent;
+        use crate::store::embedded::{
+            append_in_transaction, open_writer_connection, prepare_events,
+        };
+        let h = HOUR_MS;
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer_connection(dir.path()).unwrap();
+        // (actor, business, hour): robot-a surrounds hours 2 to 4, robot-d
+        // is in two businesses.
+        let stops = [
+            ("robot-a", "default", 1),
+            ("robot-a", "default", 5),
+            ("robot-b", "default", 3),
+            ("robot-c", "default", 3),
+            ("robot-c", "north", 6),
+            ("robot-d", "north", 2),
+            ("robot-d", "default", 4),
+        ];
+        let events = stops
+            .iter()
+            .enumerate()
+            .map(|(i, (actor, business, hour))| {
+                let mut e = opgraph_proto::Event::named("shift.ping");
+                e.actor = Some(opgraph_proto::Party::Name((*actor).into()));
+                e.business_id = Some((*business).into());
+                e.timestamp = Some(hour * h);
+                NewEvent { id: format!("evt_{i}"), received_at: 0, event: e }
+            })
+            .collect();
+        append_in_transaction(&conn, "ws", prepare_events(events), None).unwrap();
+        let mut ranges = vec![None];
+        for from in 0..8 {
+            for to in from..9 {
+                ranges.push(Some(Range { from: from * h, to: to * h }));
+            }
+        }
+        for range in ranges {
+            for business in [None, Some("default"), Some("north")] {
+                let scan =
+                    unique_actors_from_events(&conn, "ws", "shift.ping", range, business).unwrap();
+                let fast = unique_actors(&conn, "ws", "shift.ping", range, business).unwrap();
+                assert_eq!(fast, scan, "{range:?} {business:?}");
+            }
+        }
+        let bounds = |from: i64, to: i64| {
+            let range = Some(Range { from: from * h, to: to * h });
+            unique_actors_from_bounds(&conn, "ws", "shift.ping", range, None).unwrap()
+        };
+        // Everything, or a range that no actor surrounds: from the bounds.
+        assert_eq!(bounds(0, 9), Some(4));
+        assert_eq!(bounds(1, 7), Some(4));
+        // robot-a was seen before and after [2h, 4h): the events decide.
+        assert_eq!(bounds(2, 4), None);
+        assert_eq!(
+            unique_actors(&conn, "ws", "shift.ping", Some(Range { from: 2 * h, to: 4 * h }), None)
+                .unwrap(),
+            3
+        );
     }
 
     #[test]

@@ -91,6 +91,33 @@ CREATE TABLE IF NOT EXISTS event_counts_hourly (
     PRIMARY KEY (workspace_id, business_id, event, hour)
 ) WITHOUT ROWID;
 
+-- Rollup for distinct actors (docs/queries.md), maintained once per group
+-- commit (`events::flush_pending`): per event name and actor, the times of
+-- its first and last event. An actor whose first or last event lies in a
+-- range certainly has one there, so counting distinct actors reads one row
+-- per actor instead of one per event; only an actor whose events surround
+-- the range (first before, last after) is unknown, and then the count reads
+-- the events. Each actor has a row per business and one more under
+-- business '' (never a business id) for all of them, so that no count
+-- needs DISTINCT. `first_ts` = -2^63 and `last_ts` = 2^63-1 mark bounds
+-- that an event removal made unknown (`connectors::remove_event`).
+CREATE TABLE IF NOT EXISTS event_actors (
+    workspace_id TEXT NOT NULL,
+    event        TEXT NOT NULL,
+    business_id  TEXT NOT NULL,
+    actor_id     TEXT NOT NULL,
+    first_ts     INTEGER NOT NULL,
+    last_ts      INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, event, business_id, actor_id)
+) WITHOUT ROWID;
+
+-- Rollups added after events existed are filled from them once, at open
+-- (`backfill_rollups` in embedded.rs); a row here says it was done.
+CREATE TABLE IF NOT EXISTS rollup_backfills (
+    name     TEXT PRIMARY KEY,
+    built_at INTEGER NOT NULL
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS entities (
     workspace_id TEXT NOT NULL,
     type         TEXT NOT NULL,
