@@ -18,6 +18,7 @@
 //! Not yet implemented calls answer 501 (see `clickhouse/pending.rs`).
 //! The schema is `deploy/clickhouse/schema.sql`.
 
+mod attribution;
 mod events;
 mod gateway;
 mod graph;
@@ -610,7 +611,7 @@ mod tests {
     mod conformance {
         use super::open;
 
-        crate::store_conformance!(core: open);
+        crate::store_conformance!(open);
     }
 
     fn event(id: &str) -> crate::store::NewEvent {
@@ -669,7 +670,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..13 {
+        for case in 0..14 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -685,7 +686,8 @@ mod tests {
                 9 => c::runs_and_actors(&store).await,
                 10 => c::funnel(&store).await,
                 11 => c::metric_definitions_and_snapshots(&store).await,
-                _ => c::entities_and_relationships(&store).await,
+                12 => c::entities_and_relationships(&store).await,
+                _ => c::attribution_first_touch(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

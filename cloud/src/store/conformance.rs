@@ -843,19 +843,10 @@ pub async fn gateway_batches(store: &dyn Store) {
 
 /// Runs the whole suite against a backend: one test per case, each on a
 /// fresh store from `$open()` (an async fn returning `(store, guard)`).
-/// `store_conformance!(core: $open)` runs only the cases of [`Store`]'s own
-/// methods, of [`super::gateway::GatewayStore`] and of the totals, series,
-/// search, proof-gap, run, actor, funnel, metric, business, entity and
-/// relationship queries, for a backend that does not answer the rest yet.
+/// The cases cover [`Store`]'s own methods, [`super::gateway::GatewayStore`]
+/// and the query API; the embedded and ClickHouse stores both run them all.
 #[macro_export]
 macro_rules! store_conformance {
-    (core: $open:path) => {
-        $crate::store_conformance!(@cases $open;
-            workspaces_and_keys, list_events, appends_are_idempotent, usage_counters,
-            gateway_batches, totals, totals_at_unaligned_edges, series, period_diff, search,
-            proof_gaps, runs_and_actors, funnel, metric_definitions_and_snapshots, businesses,
-            entities_and_relationships);
-    };
     ($open:path) => {
         $crate::store_conformance!(@cases $open;
             workspaces_and_keys, list_events, appends_are_idempotent, usage_counters,

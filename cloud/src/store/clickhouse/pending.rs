@@ -40,8 +40,8 @@ impl QueryStore for ClickHouseStore {
     async fn funnel(&self, ws: &str, query: &FunnelQuery) -> Result<Vec<u64>> {
         super::queries::funnel(self, ws, query).await
     }
-    async fn attribution(&self, _: &str, _: &AttributionQuery) -> Result<Attribution> {
-        pending("attribution")
+    async fn attribution(&self, ws: &str, query: &AttributionQuery) -> Result<Attribution> {
+        super::attribution::attribution(self, ws, query).await
     }
     async fn search_events(&self, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
         super::queries::search(self, ws, query).await

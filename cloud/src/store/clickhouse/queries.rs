@@ -34,15 +34,20 @@ struct SeriesRead {
 }
 
 /// The `WHERE` of a query over a workspace's events, with its values.
-struct Filter {
-    sql: String,
+pub(super) struct Filter {
+    pub(super) sql: String,
     texts: Vec<String>,
     numbers: Vec<i64>,
 }
 
 impl Filter {
     /// Texts are bound before numbers: the clauses keep that order.
-    fn new(ws: &str, business: Option<&str>, event: Option<&str>, range: Option<Range>) -> Filter {
+    pub(super) fn new(
+        ws: &str,
+        business: Option<&str>,
+        event: Option<&str>,
+        range: Option<Range>,
+    ) -> Filter {
         let mut f =
             Filter { sql: "workspace_id = ?".into(), texts: vec![ws.to_owned()], numbers: vec![] };
         if let Some(business) = business {
@@ -68,7 +73,7 @@ impl Filter {
         f
     }
 
-    fn query(&self, store: &ClickHouseStore, sql: &str) -> clickhouse::query::Query {
+    pub(super) fn query(&self, store: &ClickHouseStore, sql: &str) -> clickhouse::query::Query {
         self.bind(store.client.query(sql))
     }
 

@@ -1,0 +1,161 @@
+//! Attribution on ClickHouse: ClickHouse selects the conversions and the
+//! touchpoints of the range (and the lookback before it); the cloud gives
+//! each conversion's credit to its actor's touchpoints at or before it
+//! within the lookback, by model, exactly as the embedded store's window
+//! frames do (docs/queries.md).
+
+use std::collections::HashMap;
+
+use clickhouse::Row;
+use serde::Deserialize;
+
+use super::{ClickHouseStore, Sent, run};
+use crate::error::Result;
+use crate::store::queries::{
+    Attribution, AttributionModel, AttributionQuery, AttributionRow, Range,
+};
+
+#[derive(Row, Deserialize)]
+struct ConversionRead {
+    actor_id: String,
+    ts: i64,
+    revenue: f64,
+}
+
+#[derive(Row, Deserialize)]
+struct TouchRead {
+    actor_id: String,
+    ts: i64,
+    seq: u64,
+    source: String,
+    campaign: String,
+    channel: String,
+    object_type: String,
+    object_id: String,
+}
+
+impl TouchRead {
+    /// The touchpoint's key in each dimension: source, campaign, channel,
+    /// entity (`type:id`, or the id alone).
+    fn keys(&self) -> [String; 4] {
+        let part = |s: &str| if s.is_empty() { "(none)".to_owned() } else { s.to_owned() };
+        let entity = match (self.object_type.as_str(), self.object_id.as_str()) {
+            (_, "") => "(none)".to_owned(),
+            ("", id) => id.to_owned(),
+            (kind, id) => format!("{kind}:{id}"),
+        };
+        [part(&self.source), part(&self.campaign), part(&self.channel), entity]
+    }
+}
+
+pub(super) async fn attribution(
+    store: &ClickHouseStore,
+    ws: &str,
+    q: &AttributionQuery,
+) -> Result<Attribution> {
+    let business = q.business_id.as_deref();
+    let conversion = if q.conversion_event.is_some() { "event = ?" } else { "has_revenue = 1" };
+    let filter = super::queries::Filter::new(ws, business, None, Some(q.range));
+    let sql =
+        format!("SELECT actor_id, ts, revenue FROM events WHERE {} AND {conversion}", filter.sql);
+    let mut query = filter.query(store, &sql);
+    if let Some(event) = &q.conversion_event {
+        query = query.bind(event.as_str());
+    }
+    let conversions: Vec<ConversionRead> = run(query.sent().fetch_all()).await?;
+
+    let reach = Range { from: q.range.from.saturating_sub(q.lookback_ms), to: q.range.to };
+    let filter = super::queries::Filter::new(ws, business, None, Some(reach));
+    let sql = format!(
+        "SELECT actor_id, ts, seq, source, campaign, channel, object_type, object_id
+         FROM events WHERE {} AND actor_id != ''
+            AND (source != '' OR campaign != '' OR channel != '')",
+        filter.sql
+    );
+    let touches: Vec<TouchRead> = run(filter.query(store, &sql).sent().fetch_all()).await?;
+
+    let mut dims: [HashMap<String, AttributionRow>; 4] = Default::default();
+    let mut credit = |keys: [String; 4], conversions: f64, revenue: f64, touchpoints: u64| {
+        for (dim, key) in dims.iter_mut().zip(keys) {
+            let row = dim.entry(key.clone()).or_insert(AttributionRow {
+                key,
+                touchpoints: 0,
+                conversions: 0.0,
+                revenue: 0.0,
+            });
+            row.conversions += conversions;
+            row.revenue += revenue;
+            row.touchpoints += touchpoints;
+        }
+    };
+    for t in touches.iter().filter(|t| t.ts >= q.range.from) {
+        credit(t.keys(), 0.0, 0.0, 1);
+    }
+    let mut by_actor: HashMap<&str, Vec<&TouchRead>> = HashMap::new();
+    for t in &touches {
+        by_actor.entry(t.actor_id.as_str()).or_default().push(t);
+    }
+    for list in by_actor.values_mut() {
+        list.sort_unstable_by_key(|t| (t.ts, t.seq));
+    }
+    let mut out = Attribution {
+        conversions: conversions.len() as u64,
+        revenue: conversions.iter().map(|c| c.revenue).sum(),
+        ..Default::default()
+    };
+    let mut attributed = 0u64;
+    for c in &conversions {
+        let Some(list) = by_actor.get(c.actor_id.as_str()).filter(|_| !c.actor_id.is_empty())
+        else {
+            continue;
+        };
+        // Touchpoints with ts in [c.ts - lookback, c.ts], ties included.
+        let start = list.partition_point(|t| t.ts < c.ts.saturating_sub(q.lookback_ms));
+        let end = list.partition_point(|t| t.ts <= c.ts);
+        let window = &list[start..end.max(start)];
+        if window.is_empty() {
+            continue;
+        }
+        attributed += 1;
+        match q.model {
+            AttributionModel::FirstTouch => credit(window[0].keys(), 1.0, c.revenue, 0),
+            AttributionModel::LastTouch => {
+                credit(window[window.len() - 1].keys(), 1.0, c.revenue, 0);
+            }
+            AttributionModel::Linear => {
+                let n = window.len() as f64;
+                for t in window {
+                    credit(t.keys(), 1.0 / n, c.revenue / n, 0);
+                }
+            }
+        }
+    }
+    out.unattributed = out.conversions.saturating_sub(attributed);
+    let ranked = |map: HashMap<String, AttributionRow>| {
+        let mut rows: Vec<AttributionRow> = map
+            .into_values()
+            .map(|mut r| {
+                // Sums of shares: round away float noise, as the embedded
+                // store does.
+                r.conversions = (r.conversions * 1e9).round() / 1e9;
+                r.revenue = (r.revenue * 1e6).round() / 1e6;
+                r
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.conversions
+                .total_cmp(&a.conversions)
+                .then(b.revenue.total_cmp(&a.revenue))
+                .then(b.touchpoints.cmp(&a.touchpoints))
+                .then(a.key.cmp(&b.key))
+        });
+        rows.truncate(q.limit);
+        rows
+    };
+    let [source, campaign, channel, entity] = dims;
+    out.by_source = ranked(source);
+    out.by_campaign = ranked(campaign);
+    out.by_channel = ranked(channel);
+    out.by_entity = ranked(entity);
+    Ok(out)
+}
