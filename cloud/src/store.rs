@@ -5,6 +5,7 @@
 //! no way to ask the store for "all events" across workspaces.
 
 pub mod clickhouse;
+pub mod columns;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod connectors;

@@ -9,10 +9,10 @@ use std::collections::{HashMap, HashSet};
 use clickhouse::Row;
 use opgraph_proto::Party;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
 use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
+use crate::store::columns::{number_at, search_text, text_at};
 use crate::store::{
     AppendRequest, AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent,
 };
@@ -67,67 +67,6 @@ fn party_columns(party: Option<&Party>) -> (String, String) {
     }
 }
 
-pub(super) fn text_at(map: Option<&Map<String, Value>>, key: &str) -> Option<String> {
-    match map?.get(key)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-fn number_at(map: Option<&Map<String, Value>>, key: &str) -> Option<f64> {
-    match map?.get(key)? {
-        Value::Number(n) => n.as_f64().filter(|v| v.is_finite()),
-        Value::String(s) => s.parse::<f64>().ok().filter(|v| v.is_finite()),
-        _ => None,
-    }
-}
-
-/// Searchable text per event is capped: search is for finding events, not
-/// for indexing megabytes of payload (as on the embedded store).
-const MAX_SEARCH_TEXT: usize = 2048;
-
-/// Appends the scalar leaves of a JSON value, space-separated.
-fn push_leaves(out: &mut String, value: &Value) {
-    if out.len() >= MAX_SEARCH_TEXT {
-        return;
-    }
-    match value {
-        Value::String(s) => {
-            out.push(' ');
-            out.push_str(s);
-        }
-        Value::Number(n) => {
-            out.push(' ');
-            out.push_str(&n.to_string());
-        }
-        Value::Bool(b) => out.push_str(if *b { " true" } else { " false" }),
-        Value::Array(items) => items.iter().for_each(|v| push_leaves(out, v)),
-        Value::Object(map) => map.values().for_each(|v| push_leaves(out, v)),
-        Value::Null => {}
-    }
-}
-
-/// The event name, actor and object type and id, and property values.
-fn search_text(e: &opgraph_proto::Event, parts: [&str; 4]) -> String {
-    let mut out = e.event.clone();
-    for part in parts.into_iter().filter(|p| !p.is_empty()) {
-        out.push(' ');
-        out.push_str(part);
-    }
-    if let Some(props) = &e.properties {
-        props.values().for_each(|v| push_leaves(&mut out, v));
-    }
-    if out.len() > MAX_SEARCH_TEXT {
-        let mut cut = MAX_SEARCH_TEXT;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-    }
-    out
-}
-
 /// Flattens an event; `seq` is filled in when the row is stored.
 pub(super) fn to_row(ws: &str, new: NewEvent) -> EventRow {
     let NewEvent { id, received_at, event: e } = new;
@@ -136,7 +75,7 @@ pub(super) fn to_row(ws: &str, new: NewEvent) -> EventRow {
     let revenue = number_at(e.outcome.as_ref(), "revenue")
         .or_else(|| number_at(e.attribution.as_ref(), "revenue"));
     let ts = e.timestamp.unwrap_or(received_at);
-    let search_text = search_text(&e, [&actor_type, &actor_id, &object_type, &object_id]);
+    let search_text = search_text(&e, [&*actor_type, &actor_id, &object_type, &object_id]);
     let (num_keys, num_values) = e
         .properties
         .iter()

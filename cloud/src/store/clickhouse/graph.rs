@@ -10,9 +10,10 @@ use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::events::{EventRow, text_at};
+use super::events::EventRow;
 use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
+use crate::store::columns::text_at;
 use crate::store::queries::{Entity, Relationship};
 
 #[derive(Row, Serialize)]

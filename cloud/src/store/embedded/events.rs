@@ -3,23 +3,19 @@
 //! usage) and how recent events are listed.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
-use opgraph_proto::{Event, Party};
+use opgraph_proto::Party;
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::sql;
 use crate::error::{Error, Result};
+use crate::store::columns::{number_at, search_text, text_at};
 use crate::store::{AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent};
 
 pub(super) const DAY_MS: i64 = 86_400_000;
 pub(super) const HOUR_MS: i64 = 3_600_000;
-/// Searchable text per event is capped: search is for finding events, not
-/// for indexing megabytes of payload.
-const MAX_SEARCH_TEXT: usize = 2048;
-
 /// An event flattened into its columns, computed before entering the writer
 /// thread so that the single writer does as little as possible.
 pub(super) struct Row {
@@ -59,67 +55,6 @@ fn party_columns(party: Option<&Party>) -> (Option<String>, Option<String>) {
     }
 }
 
-fn text_at(map: Option<&Map<String, Value>>, key: &str) -> Option<String> {
-    match map?.get(key)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-fn number_at(map: Option<&Map<String, Value>>, key: &str) -> Option<f64> {
-    match map?.get(key)? {
-        Value::Number(n) => n.as_f64().filter(|v| v.is_finite()),
-        Value::String(s) => s.parse::<f64>().ok().filter(|v| v.is_finite()),
-        _ => None,
-    }
-}
-
-/// Appends the scalar leaves of a JSON value, space-separated.
-fn push_leaves(out: &mut String, value: &Value) {
-    if out.len() >= MAX_SEARCH_TEXT {
-        return;
-    }
-    match value {
-        Value::String(s) => {
-            out.push(' ');
-            out.push_str(s);
-        }
-        Value::Number(n) => {
-            let _ = write!(out, " {n}");
-        }
-        Value::Bool(b) => {
-            let _ = write!(out, " {b}");
-        }
-        Value::Array(items) => items.iter().for_each(|v| push_leaves(out, v)),
-        Value::Object(map) => map.values().for_each(|v| push_leaves(out, v)),
-        Value::Null => {}
-    }
-}
-
-fn search_text(
-    e: &Event,
-    actor: &(Option<String>, Option<String>),
-    object: &(Option<String>, Option<String>),
-) -> String {
-    let mut out = e.event.clone();
-    for part in [&actor.0, &actor.1, &object.0, &object.1].into_iter().flatten() {
-        out.push(' ');
-        out.push_str(part);
-    }
-    if let Some(props) = &e.properties {
-        props.values().for_each(|v| push_leaves(&mut out, v));
-    }
-    if out.len() > MAX_SEARCH_TEXT {
-        let mut cut = MAX_SEARCH_TEXT;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-    }
-    out
-}
-
 pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
     events
         .into_iter()
@@ -140,7 +75,13 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
                 })
             });
             Row {
-                search_text: search_text(&e, &actor, &object),
+                search_text: search_text(
+                    &e,
+                    [&actor.0, &actor.1, &object.0, &object.1]
+                        .into_iter()
+                        .flatten()
+                        .map(String::as_str),
+                ),
                 business_id: e.business_id.clone().unwrap_or_else(|| "default".into()),
                 ts: e.timestamp.unwrap_or(received_at),
                 trust_tier: e.trust_tier.map_or("T0", |t| t.as_str()).to_owned(),
