@@ -139,6 +139,32 @@ pub struct AttributionRow {
     pub revenue: f64,
 }
 
+/// One dimension's rows as every backend answers them: sums of fractional
+/// shares rounded (so `0.30000000000000004` reads `0.3`), most credited
+/// first, then revenue, touchpoints and key, at most `limit`.
+pub fn rank_attribution(
+    rows: std::collections::HashMap<String, AttributionRow>,
+    limit: usize,
+) -> Vec<AttributionRow> {
+    let mut rows: Vec<AttributionRow> = rows
+        .into_values()
+        .map(|mut r| {
+            r.conversions = (r.conversions * 1e9).round() / 1e9;
+            r.revenue = (r.revenue * 1e6).round() / 1e6;
+            r
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.conversions
+            .total_cmp(&a.conversions)
+            .then(b.revenue.total_cmp(&a.revenue))
+            .then(b.touchpoints.cmp(&a.touchpoints))
+            .then(a.key.cmp(&b.key))
+    });
+    rows.truncate(limit);
+    rows
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, ToSchema, async_graphql::SimpleObject)]
 #[serde(rename_all = "camelCase")]
 pub struct Attribution {

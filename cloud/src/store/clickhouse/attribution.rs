@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::{ClickHouseStore, Sent, run};
 use crate::error::Result;
 use crate::store::queries::{
-    Attribution, AttributionModel, AttributionQuery, AttributionRow, Range,
+    Attribution, AttributionModel, AttributionQuery, AttributionRow, Range, rank_attribution,
 };
 
 #[derive(Row, Deserialize)]
@@ -131,27 +131,7 @@ pub(super) async fn attribution(
         }
     }
     out.unattributed = out.conversions.saturating_sub(attributed);
-    let ranked = |map: HashMap<String, AttributionRow>| {
-        let mut rows: Vec<AttributionRow> = map
-            .into_values()
-            .map(|mut r| {
-                // Sums of shares: round away float noise, as the embedded
-                // store does.
-                r.conversions = (r.conversions * 1e9).round() / 1e9;
-                r.revenue = (r.revenue * 1e6).round() / 1e6;
-                r
-            })
-            .collect();
-        rows.sort_by(|a, b| {
-            b.conversions
-                .total_cmp(&a.conversions)
-                .then(b.revenue.total_cmp(&a.revenue))
-                .then(b.touchpoints.cmp(&a.touchpoints))
-                .then(a.key.cmp(&b.key))
-        });
-        rows.truncate(q.limit);
-        rows
-    };
+    let ranked = |map| rank_attribution(map, q.limit);
     let [source, campaign, channel, entity] = dims;
     out.by_source = ranked(source);
     out.by_campaign = ranked(campaign);

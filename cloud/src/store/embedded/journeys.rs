@@ -22,7 +22,7 @@ use super::queries::Sql;
 use super::sql;
 use crate::error::Result;
 use crate::store::queries::{
-    Attribution, AttributionModel, AttributionQuery, AttributionRow, FunnelQuery,
+    Attribution, AttributionModel, AttributionQuery, AttributionRow, FunnelQuery, rank_attribution,
 };
 
 /// No start yet.
@@ -310,26 +310,7 @@ pub(super) fn attribution(
     }
     out.unattributed = out.conversions.saturating_sub(attributed);
     let [source, campaign, channel, entity] = dims;
-    let ranked = |map: HashMap<String, AttributionRow>| {
-        let mut rows: Vec<AttributionRow> = map
-            .into_values()
-            .map(|mut r| {
-                // Sums of shares: round away float noise (0.30000000000000004).
-                r.conversions = (r.conversions * 1e9).round() / 1e9;
-                r.revenue = (r.revenue * 1e6).round() / 1e6;
-                r
-            })
-            .collect();
-        rows.sort_by(|a, b| {
-            b.conversions
-                .total_cmp(&a.conversions)
-                .then(b.revenue.total_cmp(&a.revenue))
-                .then(b.touchpoints.cmp(&a.touchpoints))
-                .then(a.key.cmp(&b.key))
-        });
-        rows.truncate(query.limit);
-        rows
-    };
+    let ranked = |map| rank_attribution(map, query.limit);
     out.by_source = ranked(source);
     out.by_campaign = ranked(campaign);
     out.by_channel = ranked(channel);
