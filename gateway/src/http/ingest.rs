@@ -149,9 +149,65 @@ fn append_error(e: Error) -> ApiError {
 
 #[cfg(test)]
 mod tests {
+    use std::future::{Future, poll_fn};
+    use std::sync::Arc;
+    use std::task::Poll;
+
     use opgraph_proto::pb;
+    use tokio::sync::{Semaphore, watch};
 
     use super::*;
+    use crate::buffer::{Buffer, MemoryBuffer};
+    use crate::shipper::{SessionState, UplinkStatus};
+    use crate::source::SourceSet;
+    use crate::telemetry::Metrics;
+
+    fn state(permits: Arc<Semaphore>) -> HttpState {
+        let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+        let uplink = UplinkStatus {
+            endpoint: "grpc://127.0.0.1:1".into(),
+            state: SessionState::Connecting,
+            connected: false,
+            epoch: 0,
+            last_acked_sequence: 0,
+            in_flight_batches: 0,
+            last_error: None,
+            consecutive_failures: 0,
+        };
+        HttpState {
+            gateway_id: Arc::from("g"),
+            metrics: Arc::new(Metrics::new(Arc::clone(&buffer))),
+            buffer,
+            uplink: watch::channel(uplink).1,
+            sources: Arc::new(SourceSet::new(Vec::new())),
+            body_limit: 1 << 20,
+            ingest_permits: permits,
+        }
+    }
+
+    /// Whether `call` finished in one poll.
+    async fn polled<F: Future>(call: &mut std::pin::Pin<&mut F>) -> bool {
+        poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx).is_ready())).await
+    }
+
+    #[tokio::test]
+    async fn bodies_wait_for_a_parsing_permit() {
+        let permits = Arc::new(Semaphore::new(1));
+        let held = Arc::clone(&permits).acquire_owned().await.unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+        // Invalid JSON: without the bound the answer needs no I/O at all,
+        // so it would be ready at the first poll.
+        let call = ingest(State(state(Arc::clone(&permits))), headers, Body::from("{oops"));
+        tokio::pin!(call);
+        for _ in 0..10 {
+            assert!(!polled(&mut call).await, "parsed without a permit");
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        assert_eq!(call.await.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(permits.available_permits(), 1, "the permit is given back");
+    }
 
     #[test]
     fn events_are_encoded_with_ids_and_receive_time() {
