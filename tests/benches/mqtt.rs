@@ -51,6 +51,7 @@
 //! Recorded numbers: BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a broken bench should fail loudly
 
+use opgraph_tests::bench::rss_mb;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,29 +129,8 @@ impl Options {
     }
 
     fn temp_dir(&self) -> tempfile::TempDir {
-        let builder = tempfile::Builder::new().prefix("opgraph-bench-mqtt-").clone();
-        match &self.dir {
-            Some(dir) => {
-                std::fs::create_dir_all(dir).expect("create --dir");
-                builder.tempdir_in(dir)
-            }
-            None => builder.tempdir(),
-        }
-        .expect("temp dir")
+        opgraph_tests::bench::temp_dir(self.dir.as_deref(), "opgraph-bench-mqtt-")
     }
-}
-
-/// `VmRSS` and `VmHWM` of a process, in MB (10^6 bytes).
-fn rss_mb(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| -> f64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .map_or(0.0, |kb| kb * 1024.0 / 1e6)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }
 
 fn split(addr: &str) -> (String, u16) {
