@@ -7,6 +7,7 @@
 //! points elsewhere.
 #![allow(clippy::expect_used)]
 
+pub mod backends;
 pub mod bench;
 pub mod clickhouse;
 pub mod edge;
