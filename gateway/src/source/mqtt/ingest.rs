@@ -80,6 +80,13 @@ pub struct MqttIngestConfig {
     /// Most messages of one connection mapped and appended at once.
     /// Default 1000.
     pub batch_max: usize,
+    /// Most connections reading ahead, mapping and appending a batch at
+    /// once; the others keep their devices' bytes in the kernel's socket
+    /// buffers until a slot frees. Bounds the gateway's memory with many
+    /// devices (each batch takes up to `READ_AHEAD` plus its events) without
+    /// costing intake: the batches in flight still share one fsync. Default
+    /// 64.
+    pub max_concurrent_batches: usize,
     /// See `[[sources.mqtt]]`: device times further off are replaced.
     /// Default `30s`.
     #[serde(with = "humantime_serde")]
@@ -100,6 +107,7 @@ impl Default for MqttIngestConfig {
             max_payload: ByteSize::mib(1),
             connect_timeout: Duration::from_secs(5),
             batch_max: 1000,
+            max_concurrent_batches: 64,
             max_clock_skew: Duration::from_secs(30),
             rules: Vec::new(),
         }
@@ -126,6 +134,9 @@ impl MqttIngestConfig {
         }
         if !(1..=10_000).contains(&self.batch_max) {
             problems.push("batch_max: must be 1 to 10000".to_owned());
+        }
+        if !(1..=10_000).contains(&self.max_concurrent_batches) {
+            problems.push("max_concurrent_batches: must be 1 to 10000".to_owned());
         }
         if self.rules.is_empty() {
             problems.push("rules: at least one rule is needed".to_owned());
@@ -154,6 +165,9 @@ struct Shared {
     max_packet: usize,
     connect_timeout: Duration,
     batch_max: usize,
+    /// One permit per connection working on a batch
+    /// (`max_concurrent_batches`).
+    batches: Semaphore,
 }
 
 impl MqttIngestSource {
@@ -188,6 +202,7 @@ impl MqttIngestSource {
                 max_packet: max_packet.saturating_add(1024),
                 connect_timeout: config.connect_timeout,
                 batch_max: config.batch_max,
+                batches: Semaphore::new(config.max_concurrent_batches),
             }),
         })
     }
@@ -390,7 +405,9 @@ async fn serve(
                 return Err(format!("malformed packet: {e}"));
             }
         };
-        buf.reserve(if buf.is_empty() { IDLE_BUFFER } else { READ_CHUNK });
+        // Small until the connection holds a batch slot: a thousand devices
+        // waiting for one must not hold a [`READ_CHUNK`] each.
+        buf.reserve(IDLE_BUFFER);
         let read = async {
             if complete {
                 return Ok(usize::MAX);
@@ -409,6 +426,12 @@ async fn serve(
         if n == 0 {
             return Ok(());
         }
+        // Held until the batch is durable: reading ahead, the packets and
+        // their events are what a connection costs in memory.
+        let slot = tokio::select! {
+            slot = shared.batches.acquire() => slot.map_err(|_| "shutting down".to_owned())?,
+            () = shutdown.cancelled() => return Ok(()),
+        };
         // Take whatever else has arrived already, so that one append (and
         // one fsync) covers everything the device has in flight.
         let mut eof = false;
@@ -478,14 +501,19 @@ async fn serve(
                 }
             }
         }
+        drop(slot);
         if !out.is_empty() {
             send(&mut stream, &mut out, shutdown).await?;
         }
         if let Some(result) = closing {
             return result;
         }
-        if buf.is_empty() && buf.capacity() > IDLE_BUFFER {
-            buf = BytesMut::with_capacity(IDLE_BUFFER);
+        // Between batches a connection keeps a small buffer, even when a
+        // packet's start is already in it.
+        if buf.capacity() > IDLE_BUFFER && buf.len() <= IDLE_BUFFER / 2 {
+            let mut small = BytesMut::with_capacity(IDLE_BUFFER);
+            small.extend_from_slice(&buf);
+            buf = small;
         }
     }
 }

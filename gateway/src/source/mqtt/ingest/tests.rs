@@ -168,6 +168,44 @@ async fn no_puback_before_the_append_returns() {
     tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
 }
 
+/// Polls until the source has taken `n` messages off the wire.
+async fn received(running: &Running, n: u64) {
+    tokio::time::timeout(WAIT, async {
+        while running.health.to_json()["received_total"].as_u64() < Some(n) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn connections_wait_for_a_batch_slot() {
+    let gate = Arc::new(Gate::new(0));
+    let buffer = Arc::new(GatedBuffer { inner: MemoryBuffer::new(), gate: Arc::clone(&gate) });
+    let running = start(&MqttIngestConfig { max_concurrent_batches: 1, ..config(&[]) }, buffer);
+    let (first, mut first_loop) = client_of(running.addr, "r1", None);
+    let (second, mut second_loop) = client_of(running.addr, "r2", None);
+    first.publish("readers/r1/tags", QoS::AtLeastOnce, false, "{\"seq\": 1}").await.unwrap();
+    let first_acks = tokio::spawn(async move { acks(&mut first_loop, 1).await });
+    // r1's batch holds the only slot while its append waits at the gate.
+    received(&running, 1).await;
+    second.publish("readers/r2/tags", QoS::AtLeastOnce, false, "{\"seq\": 2}").await.unwrap();
+    let early = tokio::time::timeout(Duration::from_millis(300), acks(&mut second_loop, 1)).await;
+    assert!(early.is_err(), "r2 acknowledged while r1 held the only slot");
+    assert_eq!(running.health.to_json()["received_total"], 1, "r2 was read without a slot");
+    gate.add_permits(1);
+    assert_eq!(tokio::time::timeout(WAIT, first_acks).await.unwrap().unwrap(), Ok(1));
+    // The slot is free again: r2's batch goes next.
+    received(&running, 2).await;
+    gate.add_permits(1);
+    assert_eq!(tokio::time::timeout(WAIT, acks(&mut second_loop, 1)).await.unwrap(), Ok(1));
+    assert_eq!(running.buffer.stats().appended_total, 2);
+    running.stop.cancel();
+    gate.add_permits(100);
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn bad_logins_other_protocols_and_garbage_are_refused() {
     let running = start(&config(&[("reader", "pw")]), Arc::new(MemoryBuffer::new()));
@@ -286,4 +324,11 @@ proptest::proptest! {
             }
         }
     }
+}
+
+#[test]
+fn batch_slots_are_validated() {
+    let problems = MqttIngestConfig { max_concurrent_batches: 0, ..config(&[]) }.problems();
+    assert_eq!(problems, ["max_concurrent_batches: must be 1 to 10000"]);
+    assert!(config(&[]).problems().is_empty());
 }
