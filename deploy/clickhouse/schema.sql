@@ -163,3 +163,82 @@ CREATE TABLE IF NOT EXISTS gateway_sessions (
     updated_at Int64,
     version UInt64
 ) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, gateway_id);
+
+-- Governance objects (docs/governance.md), each kept whole as JSON (`body`)
+-- beside the columns reads filter on. A decision's status change and a
+-- grant's revocation are newer versions of the same id; contracts,
+-- tracking plans and proof trails are written once.
+CREATE TABLE IF NOT EXISTS governance_decisions (
+    workspace_id String,
+    id String,
+    status String,
+    trace_id String,
+    created_at Int64,
+    updated_at Int64,
+    body String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+CREATE TABLE IF NOT EXISTS governance_grants (
+    workspace_id String,
+    id String,
+    created_at Int64,
+    body String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+CREATE TABLE IF NOT EXISTS governance_contracts (
+    workspace_id String,
+    id String,
+    created_at Int64,
+    body String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+CREATE TABLE IF NOT EXISTS tracking_plans (
+    workspace_id String,
+    id String,
+    created_at Int64,
+    body String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+CREATE TABLE IF NOT EXISTS proof_trails (
+    workspace_id String,
+    id String,
+    title String,
+    root_hash String,
+    item_count UInt64,
+    created_at Int64,
+    body String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+-- Enforcement receipts: append-only hash chains, one per (workspace,
+-- writer), never changed after insert; ordered by chain position so that
+-- the chain head and verification read the key. `body` is the receipt as
+-- sealed, which verification rehashes. `seq` is insertion order.
+CREATE TABLE IF NOT EXISTS governance_receipts (
+    workspace_id String,
+    id String,
+    writer String,
+    sequence Int64,
+    prev_hash String,
+    content_hash String,
+    created_at Int64,
+    outcome String,
+    trace_id String,
+    decision_id String,
+    body String,
+    seq UInt64
+) ENGINE = MergeTree() ORDER BY (workspace_id, writer, sequence);
+
+-- One row per push of a proof trail to an external endpoint, append-only.
+CREATE TABLE IF NOT EXISTS export_receipts (
+    workspace_id String,
+    id String,
+    proof_trail_id String,
+    status String,
+    created_at Int64,
+    body String
+) ENGINE = MergeTree() ORDER BY (workspace_id, id);

@@ -86,7 +86,7 @@ async fn list_id_of_message(cloud: &Cloud) -> Value {
 async fn calls_the_backend_does_not_offer_yet_answer_501() {
     let (_server, cloud) = start().await;
     // `/api/usage` reports connector loads beside the counters.
-    for path in ["/api/governance/decision-objects", "/api/usage", "/api/trackables"] {
+    for path in ["/api/usage", "/api/trackables"] {
         let (status, body) = get(&cloud, path).await;
         assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{path}: {body}");
         assert_eq!(body["error"]["code"], "not_implemented");

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY};
+use opgraph_tests::backends::{Backend, BackendCloud, BackendStore};
+use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -24,23 +25,9 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-/// The gateway receivers bind fixed ports by default: free ones here, so
-/// that tests can run side by side.
-fn env_with(extra: &[(&'static str, String)]) -> Vec<(&'static str, String)> {
-    let mut env = vec![
-        ("OPGRAPH_GRPC_ADDR", "127.0.0.1:0".to_owned()),
-        ("OPGRAPH_QUIC_ADDR", "127.0.0.1:0".to_owned()),
-    ];
-    env.extend(extra.iter().cloned());
-    env
-}
-
-async fn start(extra: &[(&'static str, String)]) -> Cloud {
-    Cloud::start(&env_with(extra)).await.unwrap()
-}
-
-async fn start_in(dir: &std::path::Path, extra: &[(&'static str, String)]) -> Cloud {
-    Cloud::start_in(dir, &env_with(extra)).await.unwrap()
+/// A fresh cloud on `backend` with `extra` in its environment.
+async fn start(backend: Backend, extra: &[(&'static str, String)]) -> BackendCloud {
+    backend.start(extra).await.unwrap()
 }
 
 fn client() -> Client {
@@ -291,9 +278,8 @@ fn rule_table() -> Vec<Row> {
         .collect()
 }
 
-#[tokio::test]
-async fn every_rule_row_holds_through_http() {
-    let cloud = start(&[]).await;
+async fn every_rule_row_holds_through_http(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let key = &cloud.key;
     let rows = rule_table();
@@ -350,9 +336,8 @@ async fn every_rule_row_holds_through_http() {
     assert_eq!(receipts(&client, &cloud, key, "").await.len(), recorded);
 }
 
-#[tokio::test]
-async fn the_most_severe_outcome_wins_and_every_check_is_reported() {
-    let cloud = start(&[]).await;
+async fn the_most_severe_outcome_wins_and_every_check_is_reported(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let key = &cloud.key;
     let now = now_ms();
@@ -422,9 +407,8 @@ async fn the_most_severe_outcome_wins_and_every_check_is_reported() {
     assert_eq!(events[0]["properties"]["receiptId"], answer["receiptId"]);
 }
 
-#[tokio::test]
-async fn decisions_grants_contracts_and_plans_crud() {
-    let cloud = start(&[]).await;
+async fn decisions_grants_contracts_and_plans_crud(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let key = &cloud.key;
     const DECISIONS: &str = "/api/governance/decision-objects";
@@ -654,9 +638,8 @@ async fn decisions_grants_contracts_and_plans_crud() {
     assert_eq!(answer["error"]["field"], "events[0].event");
 }
 
-#[tokio::test]
-async fn bad_enforce_bodies_are_400_and_record_nothing() {
-    let cloud = start(&[]).await;
+async fn bad_enforce_bodies_are_400_and_record_nothing(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let key = &cloud.key;
     let good = prepare(&client, &cloud, key, &base(now_ms(), "trace-bad")).await;
@@ -746,9 +729,8 @@ async fn bad_enforce_bodies_are_400_and_record_nothing() {
     assert!(trails["proofTrails"].as_array().unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn concurrent_enforce_calls_keep_each_chain_linear() {
-    let cloud = start(&[]).await;
+async fn concurrent_enforce_calls_keep_each_chain_linear(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let key = cloud.key.clone();
     let body = prepare(&client, &cloud, &key, &base(now_ms(), "trace-conc")).await;
@@ -806,10 +788,8 @@ async fn concurrent_enforce_calls_keep_each_chain_linear() {
     assert_eq!(events["events"].as_array().unwrap().len(), CALLS + 10, "each receipt is an event");
 }
 
-#[tokio::test]
-async fn tampering_with_a_stored_receipt_is_detected() {
-    let mut cloud = start(&[]).await;
-    let tmp = cloud.keep_dir().unwrap();
+async fn tampering_with_a_stored_receipt_is_detected(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let key = cloud.key.clone();
     let body = prepare(&client, &cloud, &key, &base(now_ms(), "trace-tamper")).await;
@@ -821,29 +801,14 @@ async fn tampering_with_a_stored_receipt_is_detected() {
     }
     let (_, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
     assert_eq!(report["valid"], true, "{report}");
-    let dir = cloud.data_dir.clone();
-    let status = cloud.process.terminate().await.unwrap();
-    assert!(status.success());
 
-    let db = dir.join("opgraph.db");
-    {
-        let conn = rusqlite::Connection::open(&db).unwrap();
-        // The store itself refuses edits...
-        let refused = conn
-            .execute("UPDATE governance_receipts SET outcome = 'deny' WHERE id = ?1", [&ids[1]]);
-        assert!(refused.is_err(), "receipts are immutable through SQL");
-        // ...but someone with the file can drop the guard and rewrite a body.
-        conn.execute_batch("DROP TRIGGER governance_receipts_no_update").unwrap();
-        let changed = conn
-            .execute(
-                "UPDATE governance_receipts SET body = json_set(body, '$.outcome', 'deny') WHERE id = ?1",
-                [&ids[1]],
-            )
-            .unwrap();
-        assert_eq!(changed, 1);
-    }
+    // Someone with direct access to the store rewrites one receipt's body.
+    let store = cloud.stop().await.unwrap();
+    let mut stored = stored_receipt(&store, &ids[1]).await;
+    stored["outcome"] = json!("deny");
+    rewrite_receipt(&store, &ids[1], &stored, None).await;
 
-    let cloud = start_in(&dir, &[]).await;
+    let cloud = store.start().await.unwrap();
     let (status, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(report["valid"], false, "{report:#}");
@@ -857,34 +822,90 @@ async fn tampering_with_a_stored_receipt_is_detected() {
     assert_eq!(one["receipt"]["outcome"], "deny");
 
     // A forger who re-hashes the edited receipt breaks the next link.
-    let dir = cloud.data_dir.clone();
-    assert!(cloud.process.terminate().await.unwrap().success());
-    {
-        let conn = rusqlite::Connection::open(dir.join("opgraph.db")).unwrap();
-        // The restart put the guard back; drop it again.
-        conn.execute_batch("DROP TRIGGER governance_receipts_no_update").unwrap();
-        let stored: String = conn
-            .query_row("SELECT body FROM governance_receipts WHERE id = ?1", [&ids[1]], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        let mut forged: Value = serde_json::from_str(&stored).unwrap();
-        forged.as_object_mut().unwrap().remove("contentHash");
-        let hash = content_hash(&forged);
-        forged["contentHash"] = json!(hash);
-        conn.execute(
-            "UPDATE governance_receipts SET body = ?2, content_hash = ?3, outcome = 'deny' WHERE id = ?1",
-            rusqlite::params![ids[1], forged.to_string(), hash],
-        )
-        .unwrap();
-    }
-    let cloud = start_in(&dir, &[]).await;
+    let store = cloud.stop().await.unwrap();
+    let mut forged = stored_receipt(&store, &ids[1]).await;
+    forged.as_object_mut().unwrap().remove("contentHash");
+    let hash = content_hash(&forged);
+    forged["contentHash"] = json!(hash);
+    rewrite_receipt(&store, &ids[1], &forged, Some(&hash)).await;
+    let cloud = store.start().await.unwrap();
     let (_, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
     assert_eq!(report["valid"], false, "{report:#}");
     assert_eq!(report["firstBroken"]["receiptId"], ids[2].as_str(), "{report:#}");
     assert!(report["firstBroken"]["reason"].as_str().unwrap().contains("prevHash"), "{report:#}");
-    drop(cloud);
-    drop(tmp);
+}
+
+/// A ClickHouse string literal of `text`.
+fn sql_string(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// The stored body of receipt `id`, read from the store directly.
+async fn stored_receipt(store: &BackendStore, id: &str) -> Value {
+    let text = match store.backend {
+        Backend::Embedded => {
+            let conn = rusqlite::Connection::open(store.data_dir().join("opgraph.db")).unwrap();
+            conn.query_row("SELECT body FROM governance_receipts WHERE id = ?1", [id], |r| r.get(0))
+                .unwrap()
+        }
+        Backend::ClickHouse => store
+            .clickhouse_sql(&format!(
+                "SELECT body FROM governance_receipts WHERE id = {} FORMAT TabSeparatedRaw",
+                sql_string(id)
+            ))
+            .await
+            .unwrap(),
+    };
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Rewrites receipt `id` behind the cloud's back: its body, its outcome
+/// column and, when given, its contentHash column.
+async fn rewrite_receipt(store: &BackendStore, id: &str, body: &Value, hash: Option<&str>) {
+    let outcome = body["outcome"].as_str().unwrap();
+    match store.backend {
+        Backend::Embedded => {
+            let conn = rusqlite::Connection::open(store.data_dir().join("opgraph.db")).unwrap();
+            // The store itself refuses edits...
+            let refused =
+                conn.execute("UPDATE governance_receipts SET outcome = 'deny' WHERE id = ?1", [id]);
+            assert!(refused.is_err(), "receipts are immutable through SQL");
+            // ...but someone with the file can drop the guard (every start
+            // puts it back) and rewrite a row.
+            conn.execute_batch("DROP TRIGGER governance_receipts_no_update").unwrap();
+            let changed = conn
+                .execute(
+                    "UPDATE governance_receipts SET body = ?2, outcome = ?3,
+                        content_hash = coalesce(?4, content_hash) WHERE id = ?1",
+                    rusqlite::params![id, body.to_string(), outcome, hash],
+                )
+                .unwrap();
+            assert_eq!(changed, 1);
+        }
+        Backend::ClickHouse => {
+            // The table is append-only for the store; a mutation is what an
+            // operator with SQL access would use.
+            let mut set = format!(
+                "body = {}, outcome = {}",
+                sql_string(&body.to_string()),
+                sql_string(outcome)
+            );
+            if let Some(hash) = hash {
+                set.push_str(&format!(", content_hash = {}", sql_string(hash)));
+            }
+            let update = format!(
+                "ALTER TABLE governance_receipts UPDATE {set} WHERE id = {}",
+                sql_string(id)
+            );
+            store.clickhouse_mutate(&update).await.unwrap();
+            let count = format!(
+                "SELECT count() FROM governance_receipts WHERE id = {} AND body = {}",
+                sql_string(id),
+                sql_string(&body.to_string())
+            );
+            assert_eq!(store.clickhouse_sql(&count).await.unwrap().trim(), "1");
+        }
+    }
 }
 
 /// The canonical-JSON SHA-256 of docs/governance.md, written independently
@@ -924,9 +945,8 @@ fn content_hash(value: &Value) -> String {
     Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-#[tokio::test]
-async fn receipts_hash_as_documented() {
-    let cloud = start(&[]).await;
+async fn receipts_hash_as_documented(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let body = prepare(&client, &cloud, &cloud.key, &base(now_ms(), "trace-hash")).await;
     let (_, answer) = post(&client, &cloud, &cloud.key, "/api/governance/enforce", &body).await;
@@ -1029,14 +1049,16 @@ async fn read_request<S: AsyncReadExt + Unpin>(stream: &mut S) -> (String, Vec<u
     (head, buf[head_end..].to_vec())
 }
 
-#[tokio::test]
-async fn proof_trails_export_verify_and_push() {
+async fn proof_trails_export_verify_and_push(backend: Backend) {
     let mut endpoint = proof_endpoint(vec![200, 500]).await;
-    let cloud = start(&[
-        ("OPGRAPH_PROOF_URL", endpoint.url.clone()),
-        ("OPGRAPH_PROOF_CA_FILE", endpoint.ca_file.display().to_string()),
-        ("OPGRAPH_PROOF_TIMEOUT", "5s".to_owned()),
-    ])
+    let cloud = start(
+        backend,
+        &[
+            ("OPGRAPH_PROOF_URL", endpoint.url.clone()),
+            ("OPGRAPH_PROOF_CA_FILE", endpoint.ca_file.display().to_string()),
+            ("OPGRAPH_PROOF_TIMEOUT", "5s".to_owned()),
+        ],
+    )
     .await;
     let client = client();
     let key = &cloud.key.clone();
@@ -1166,31 +1188,45 @@ async fn proof_trails_export_verify_and_push() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "an empty packet proves nothing");
 
     // Tampering with a stored trail shows in verify.
-    let dir = cloud.data_dir.clone();
-    let mut cloud = cloud;
-    let tmp = cloud.keep_dir();
-    assert!(cloud.process.terminate().await.unwrap().success());
-    {
-        let conn = rusqlite::Connection::open(dir.join("opgraph.db")).unwrap();
-        conn.execute(
-            "UPDATE proof_trails SET body = json_set(body, '$.items[0].body.outcome', 'deny') WHERE id = ?1",
-            [&id],
-        )
-        .unwrap();
+    let store = cloud.stop().await.unwrap();
+    match store.backend {
+        Backend::Embedded => {
+            let conn = rusqlite::Connection::open(store.data_dir().join("opgraph.db")).unwrap();
+            conn.execute(
+                "UPDATE proof_trails SET body = json_set(body, '$.items[0].body.outcome', 'deny') WHERE id = ?1",
+                [&id],
+            )
+            .unwrap();
+        }
+        Backend::ClickHouse => {
+            // Trails are versioned rows: a newer version is what a forger
+            // with SQL access would insert.
+            let read = format!(
+                "SELECT body FROM proof_trails WHERE id = {} FORMAT TabSeparatedRaw",
+                sql_string(&id)
+            );
+            let mut body: Value =
+                serde_json::from_str(&store.clickhouse_sql(&read).await.unwrap()).unwrap();
+            body["items"][0]["body"]["outcome"] = json!("deny");
+            let insert = format!(
+                "INSERT INTO proof_trails SELECT workspace_id, id, title, root_hash, item_count,
+                    created_at, {}, version + 1 FROM proof_trails WHERE id = {}",
+                sql_string(&body.to_string()),
+                sql_string(&id)
+            );
+            store.clickhouse_sql(&insert).await.unwrap();
+        }
     }
-    let cloud = start_in(&dir, &[]).await;
+    let cloud = store.start().await.unwrap();
     let (_, verified) =
         get(&client, &cloud, key, &format!("/api/proof-event-trails/{id}/verify")).await;
     assert_eq!(verified["valid"], false, "{verified}");
     assert_ne!(verified["recomputedHash"], verified["rootHash"]);
     assert_eq!(verified["mismatchedItems"].as_array().unwrap().len(), 1);
-    drop(cloud);
-    drop(tmp);
 }
 
-#[tokio::test]
-async fn another_workspaces_objects_are_not_found() {
-    let cloud = start(&[]).await;
+async fn another_workspaces_objects_are_not_found(backend: Backend) {
+    let cloud = start(backend, &[]).await;
     let client = client();
     let a = cloud.key.clone();
     let b = new_workspace(&client, &cloud, "other").await;
@@ -1282,3 +1318,15 @@ async fn another_workspaces_objects_are_not_found() {
     let (_, report) = get(&client, &cloud, &b, "/api/governance/receipts/verify").await;
     assert_eq!(report["checkedReceipts"], 1);
 }
+
+both_backends!(
+    every_rule_row_holds_through_http,
+    the_most_severe_outcome_wins_and_every_check_is_reported,
+    decisions_grants_contracts_and_plans_crud,
+    bad_enforce_bodies_are_400_and_record_nothing,
+    concurrent_enforce_calls_keep_each_chain_linear,
+    tampering_with_a_stored_receipt_is_detected,
+    receipts_hash_as_documented,
+    proof_trails_export_verify_and_push,
+    another_workspaces_objects_are_not_found,
+);

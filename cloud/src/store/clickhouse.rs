@@ -15,12 +15,15 @@
 //! - Acknowledgements, `messageId`s and idempotency keys are written after
 //!   the events they describe, so they never claim data that is not there.
 //!
+//! Governance writes are serialised per workspace the same way (see
+//! `clickhouse/governance.rs`).
 //! Not yet implemented calls answer 501 (see `clickhouse/pending.rs`).
 //! The schema is `deploy/clickhouse/schema.sql`.
 
 mod attribution;
 mod events;
 mod gateway;
+mod governance;
 mod graph;
 mod pending;
 mod queries;
@@ -302,6 +305,12 @@ impl ClickHouseStore {
             ("api_keys", "version"),
             ("message_ids", "version"),
             ("gateway_sessions", "version"),
+            ("governance_decisions", "version"),
+            ("governance_grants", "version"),
+            ("governance_contracts", "version"),
+            ("tracking_plans", "version"),
+            ("proof_trails", "version"),
+            ("governance_receipts", "seq"),
         ] {
             let max: u64 =
                 run(client.query(&format!("SELECT max({column}) FROM {table}")).sent().fetch_one())
@@ -670,7 +679,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..14 {
+        for case in 0..15 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -687,7 +696,8 @@ mod tests {
                 10 => c::funnel(&store).await,
                 11 => c::metric_definitions_and_snapshots(&store).await,
                 12 => c::entities_and_relationships(&store).await,
-                _ => c::attribution_first_touch(&store).await,
+                13 => c::attribution_first_touch(&store).await,
+                _ => c::governance(&store).await,
             }
         }
         let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();

@@ -841,6 +841,272 @@ pub async fn gateway_batches(store: &dyn Store) {
     assert_eq!(listed_names(&stored).len(), 4);
 }
 
+/// Governance objects and receipts: the latest version of each object,
+/// compare-and-set of decisions, revocation once, the triggering event,
+/// one linear receipt chain per writer, each receipt listed once, and
+/// nothing of another workspace.
+pub async fn governance(store: &dyn Store) {
+    use super::governance::{
+        AuthorityGrant, ChainHead, ContextContract, Decision, EnforcementInputs, EnforcementRefs,
+        ExportReceipt, ProofTrail, Receipt, ReceiptFilter, TrackingPlan,
+    };
+    use crate::error::Error;
+    use crate::governance::hash::GENESIS_HASH;
+    use crate::governance::{DecisionStatus as S, Outcome, RiskLevel};
+
+    let decision = |id: &str, status, at| Decision {
+        id: id.into(),
+        title: format!("{id} title"),
+        status,
+        risk_level: RiskLevel::Low,
+        description: None,
+        owner: None,
+        trace_id: Some("wf-1".into()),
+        expires_at: None,
+        created_at: T,
+        updated_at: at,
+        created_by: "key_1".into(),
+    };
+    let report = |id: &str| {
+        let value = json!({"event": "governance.enforced", "traceId": "wf-1",
+            "timestamp": T + 72 * H});
+        let event = opgraph_proto::Event::parse_json(&value).unwrap();
+        let event = crate::api::ingest::finish_envelope(event, T).unwrap();
+        NewEvent { id: id.into(), received_at: T + 72 * H, event }
+    };
+    store
+        .insert_decision(WS, &decision("dec_a", S::Draft, T), vec![report("evt_g1")])
+        .await
+        .unwrap();
+    store.insert_decision(WS, &decision("dec_b", S::Approved, T), vec![]).await.unwrap();
+    let again = store.insert_decision(WS, &decision("dec_a", S::Draft, T), vec![]).await;
+    assert!(matches!(again, Err(Error::Conflict(_))), "{again:?}");
+    let approved = decision("dec_a", S::Approved, T + 1);
+    assert!(store.update_decision(WS, S::Draft, &approved, vec![report("evt_g2")]).await.unwrap());
+    let stale = decision("dec_a", S::Rejected, T + 2);
+    assert!(!store.update_decision(WS, S::Draft, &stale, vec![]).await.unwrap(), "compare-and-set");
+    assert!(!store.update_decision(OTHER_WS, S::Approved, &stale, vec![]).await.unwrap());
+    assert_eq!(store.get_decision(WS, "dec_a").await.unwrap(), Some(approved.clone()));
+    assert_eq!(store.get_decision(OTHER_WS, "dec_a").await.unwrap(), None);
+    let ids = |list: Vec<Decision>| list.into_iter().map(|d| d.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list_decisions(WS, None, 10).await.unwrap()), ["dec_b", "dec_a"]);
+    assert_eq!(ids(store.list_decisions(WS, Some(S::Approved), 1).await.unwrap()), ["dec_b"]);
+    assert!(store.list_decisions(WS, Some(S::Draft), 10).await.unwrap().is_empty(), "latest only");
+
+    let grant = AuthorityGrant {
+        id: "grt_a".into(),
+        grantee: "agent-7".into(),
+        actions: vec!["refund".into()],
+        max_amount: Some(500.0),
+        currency: Some("EUR".into()),
+        approval_threshold: None,
+        valid_from: None,
+        valid_until: None,
+        revoked: false,
+        revoked_at: None,
+        description: None,
+        created_at: T,
+        created_by: "key_1".into(),
+    };
+    store.insert_grant(WS, &grant).await.unwrap();
+    assert!(matches!(store.insert_grant(WS, &grant).await, Err(Error::Conflict(_))));
+    assert_eq!(store.revoke_grant(OTHER_WS, "grt_a", T + 5, vec![]).await.unwrap(), None);
+    let revoked = store.revoke_grant(WS, "grt_a", T + 5, vec![report("evt_g3")]).await.unwrap();
+    assert_eq!(revoked.as_ref().and_then(|g| g.revoked_at), Some(T + 5));
+    let twice = store.revoke_grant(WS, "grt_a", T + 9, vec![]).await.unwrap();
+    assert_eq!(twice, revoked, "revoked once");
+    assert_eq!(store.list_grants(WS, 10).await.unwrap(), [revoked.clone().unwrap()]);
+    assert!(store.list_grants(OTHER_WS, 10).await.unwrap().is_empty());
+
+    let contract = ContextContract {
+        id: "ctc_a".into(),
+        name: Some("refunds".into()),
+        allowed_actions: vec!["refund".into()],
+        required_trust_tier: None,
+        required_attestation_providers: vec![],
+        required_compliance: vec![],
+        escrow_above: None,
+        valid_until: None,
+        created_at: T,
+        created_by: "key_1".into(),
+    };
+    store.insert_contract(WS, &contract).await.unwrap();
+    assert_eq!(store.get_contract(WS, "ctc_a").await.unwrap(), Some(contract.clone()));
+    assert_eq!(store.list_contracts(WS, 10).await.unwrap(), [contract]);
+    let plan = TrackingPlan {
+        id: "plan_a".into(),
+        name: "p".into(),
+        vertical: "v".into(),
+        description: None,
+        events: vec![json!("e"), json!({"event": "f"})],
+        created_at: T,
+        created_by: "key_1".into(),
+    };
+    store.insert_tracking_plan(WS, &plan).await.unwrap();
+    assert_eq!(store.get_tracking_plan(WS, "plan_a").await.unwrap(), Some(plan.clone()));
+    assert_eq!(store.list_tracking_plans(WS, 10).await.unwrap(), [plan]);
+    assert!(store.get_tracking_plan(OTHER_WS, "plan_a").await.unwrap().is_none());
+
+    // Three receipts of one writer, one of another; the trigger is taken by
+    // id, or as the trace's latest event that is not a governance one.
+    let mut sealed = Vec::new();
+    for (n, writer) in (0i64..).zip(["key_1", "key_1", "key_2", "key_1"]) {
+        let refs = EnforcementRefs {
+            decision_id: "dec_a".into(),
+            grant_id: "grt_a".into(),
+            contract_id: "ctc_a".into(),
+            event_id: (n == 0).then(|| "evt_conf0031".to_owned()),
+            trace_id: Some("wf-1".into()),
+        };
+        let id = format!("rcp_{n}");
+        let (decision, grant) = (approved.clone(), revoked.clone());
+        let decide: super::governance::DecideReceipt =
+            Box::new(move |inputs: EnforcementInputs, head: &ChainHead| {
+                assert_eq!(inputs.decision, Some(decision));
+                assert_eq!(inputs.grant, grant);
+                assert_eq!(inputs.contract.map(|c| c.id).as_deref(), Some("ctc_a"));
+                let trigger = inputs.trigger.unwrap();
+                let expected = if n == 0 { ("evt_conf0031", "T2") } else { ("evt_conf0026", "T0") };
+                assert_eq!((trigger.id.as_str(), trigger.trust_tier.as_str()), expected);
+                let receipt = Receipt {
+                    id: id.clone(),
+                    workspace_id: WS.into(),
+                    writer: writer.into(),
+                    sequence: head.sequence,
+                    prev_hash: head.prev_hash.clone(),
+                    created_at: T + 80 * H + n,
+                    outcome: if n == 1 { Outcome::Deny } else { Outcome::Allow },
+                    decision_object_id: "dec_a".into(),
+                    authority_grant_id: "grt_a".into(),
+                    context_contract_id: "ctc_a".into(),
+                    trace_id: Some("wf-1".into()),
+                    event_id: Some(trigger.id),
+                    proposed_action: json!({"action": "refund"}),
+                    attestations: vec![],
+                    compliance_frameworks: vec![],
+                    trigger: None,
+                    checks: vec![],
+                    content_hash: format!("{id}-hash"),
+                };
+                Ok((receipt, vec![report(&format!("evt_r{n}"))]))
+            });
+        sealed.push(store.record_enforcement(WS, writer, &refs, decide).await.unwrap());
+    }
+    let positions: Vec<(&str, u64, &str)> =
+        sealed.iter().map(|r| (r.writer.as_str(), r.sequence, r.prev_hash.as_str())).collect();
+    assert_eq!(
+        positions,
+        [
+            ("key_1", 1, GENESIS_HASH),
+            ("key_1", 2, "rcp_0-hash"),
+            ("key_2", 1, GENESIS_HASH),
+            ("key_1", 3, "rcp_1-hash")
+        ]
+    );
+    let filter = |f: ReceiptFilter| ReceiptFilter { limit: 10, ..f };
+    let listed = |rows: Vec<super::governance::ReceiptRow>| {
+        rows.into_iter().map(|r| r.id).collect::<Vec<_>>()
+    };
+    let all = store.list_receipts(WS, &filter(ReceiptFilter::default())).await.unwrap();
+    assert_eq!(all[1].body, serde_json::to_string(&sealed[2]).unwrap(), "stored as sealed");
+    assert_eq!(all[1].decision_id.as_deref(), Some("dec_a"));
+    assert_eq!(listed(all), ["rcp_3", "rcp_2", "rcp_1", "rcp_0"]);
+    let denied = ReceiptFilter { outcome: Some(Outcome::Deny), ..filter(ReceiptFilter::default()) };
+    assert_eq!(listed(store.list_receipts(WS, &denied).await.unwrap()), ["rcp_1"]);
+    let window = ReceiptFilter {
+        from: Some(T + 80 * H + 1),
+        to: Some(T + 80 * H + 3),
+        trace_id: Some("wf-1".into()),
+        decision_id: Some("dec_a".into()),
+        limit: 1,
+        ..Default::default()
+    };
+    assert_eq!(listed(store.list_receipts(WS, &window).await.unwrap()), ["rcp_2"]);
+    assert!(
+        store.list_receipts(OTHER_WS, &filter(ReceiptFilter::default())).await.unwrap().is_empty()
+    );
+    let wanted = vec!["rcp_2".to_owned(), "rcp_0".to_owned(), "rcp_nope".to_owned()];
+    let mut got = listed(store.get_receipts(WS, &wanted).await.unwrap());
+    got.sort();
+    assert_eq!(got, ["rcp_0", "rcp_2"]);
+    assert!(store.get_receipts(OTHER_WS, &wanted).await.unwrap().is_empty());
+    let first = store.receipt_chain_page(WS, None, 2).await.unwrap();
+    let after = first.last().map(|r| (r.writer.clone(), r.sequence));
+    let rest = store.receipt_chain_page(WS, after, 2).await.unwrap();
+    assert_eq!(listed(first), ["rcp_0", "rcp_1"]);
+    assert_eq!(listed(rest), ["rcp_3", "rcp_2"], "chain order: writer, then sequence");
+
+    // Every reporting event was stored once, beside the receipts.
+    let reports = super::EventFilter {
+        event: Some("governance.enforced".into()),
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(store.list_events(WS, &reports).await.unwrap().len(), 7);
+
+    let trail = |id: &str, at| ProofTrail {
+        id: id.into(),
+        title: format!("{id} title"),
+        root_hash: format!("{id}-root"),
+        item_count: 1,
+        items: vec![],
+        receipt_ids: vec!["rcp_0".into()],
+        decision_ids: vec![],
+        trace_id: None,
+        created_at: at,
+        created_by: "key_1".into(),
+    };
+    store.insert_proof_trail(WS, &trail("prf_a", T)).await.unwrap();
+    store.insert_proof_trail(WS, &trail("prf_b", T + 1)).await.unwrap();
+    assert!(matches!(
+        store.insert_proof_trail(WS, &trail("prf_a", T)).await,
+        Err(Error::Conflict(_))
+    ));
+    assert_eq!(store.get_proof_trail(WS, "prf_a").await.unwrap(), Some(trail("prf_a", T)));
+    assert!(store.get_proof_trail(OTHER_WS, "prf_a").await.unwrap().is_none());
+    let summaries = store.list_proof_trails(WS, 10).await.unwrap();
+    let summary: Vec<(&str, &str, &str, usize, i64)> = summaries
+        .iter()
+        .map(|s| {
+            (s.id.as_str(), s.title.as_str(), s.root_hash.as_str(), s.item_count, s.created_at)
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("prf_b", "prf_b title", "prf_b-root", 1, T + 1),
+            ("prf_a", "prf_a title", "prf_a-root", 1, T)
+        ]
+    );
+    let export = |id: &str, trail: Option<&str>| ExportReceipt {
+        id: id.into(),
+        destination: "https://proof.example/in".into(),
+        status: "failed".into(),
+        request_id: "req".into(),
+        response_status: None,
+        external_id: None,
+        error: Some("HTTP 500".into()),
+        payload_hash: "h".into(),
+        record_count: 1,
+        created_at: T,
+        proof_trail_id: trail.map(str::to_owned),
+    };
+    store.insert_export_receipt(WS, &export("exp_a", Some("prf_a"))).await.unwrap();
+    store.insert_export_receipt(WS, &export("exp_b", Some("prf_b"))).await.unwrap();
+    store.insert_export_receipt(WS, &export("exp_c", None)).await.unwrap();
+    let exports = |list: Vec<ExportReceipt>| list.into_iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(exports(store.list_export_receipts(WS, None, 2).await.unwrap()), ["exp_c", "exp_b"]);
+    assert_eq!(
+        exports(store.list_export_receipts(WS, Some("prf_a"), 10).await.unwrap()),
+        ["exp_a"]
+    );
+    assert_eq!(
+        store.list_export_receipts(WS, None, 10).await.unwrap()[2],
+        export("exp_a", Some("prf_a"))
+    );
+    assert!(store.list_export_receipts(OTHER_WS, None, 10).await.unwrap().is_empty());
+}
+
 /// Runs the whole suite against a backend: one test per case, each on a
 /// fresh store from `$open()` (an async fn returning `(store, guard)`).
 /// The cases cover [`Store`]'s own methods, [`super::gateway::GatewayStore`]
@@ -853,7 +1119,8 @@ macro_rules! store_conformance {
             gateway_batches,
             totals, totals_at_unaligned_edges, series, funnel, attribution_first_touch,
             attribution_last_touch, attribution_linear, period_diff, search, runs_and_actors,
-            proof_gaps, metric_definitions_and_snapshots, businesses, entities_and_relationships);
+            proof_gaps, metric_definitions_and_snapshots, businesses, entities_and_relationships,
+            governance);
     };
     (@cases $open:path; $($case:ident),* $(,)?) => {
         $(

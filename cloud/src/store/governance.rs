@@ -20,7 +20,8 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::NewEvent;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::governance::hash::GENESIS_HASH;
 use crate::governance::rules::Check;
 use crate::governance::{DecisionStatus, Outcome, RiskLevel};
 
@@ -163,6 +164,31 @@ pub struct ChainHead {
     pub prev_hash: String,
 }
 
+impl ChainHead {
+    /// Where the receipt after `last` (the writer's last `sequence` and
+    /// `contentHash`) goes; the genesis position when the chain is empty.
+    pub fn after(last: Option<(i64, String)>) -> ChainHead {
+        match last {
+            Some((sequence, hash)) => {
+                ChainHead { sequence: u64::try_from(sequence).unwrap_or(0) + 1, prev_hash: hash }
+            }
+            None => ChainHead { sequence: 1, prev_hash: GENESIS_HASH.to_owned() },
+        }
+    }
+
+    /// Refuses a receipt that was not sealed at this head of `writer`'s
+    /// chain: storing it would fork or break the chain.
+    pub fn check_sealed(&self, receipt: &Receipt, writer: &str) -> Result<()> {
+        if receipt.sequence != self.sequence
+            || receipt.prev_hash != self.prev_hash
+            || receipt.writer != writer
+        {
+            return Err(Error::internal("a sealed receipt must take its writer's chain head"));
+        }
+        Ok(())
+    }
+}
+
 /// Judges one enforcement call on the objects as they are in the write
 /// transaction and returns the sealed receipt (hash included, at the given
 /// chain position) with the events to store beside it.
@@ -200,6 +226,23 @@ pub struct TriggerEvent {
     pub trust_tier: TrustTier,
     /// Keys of the event's `complianceMapping`.
     pub compliance_frameworks: Vec<String>,
+}
+
+impl TriggerEvent {
+    /// From a stored event's id, `trust_tier` column and JSON envelope.
+    pub fn from_stored(id: String, trust_tier: &str, envelope: &str) -> Result<TriggerEvent> {
+        let envelope: Value = serde_json::from_str(envelope).map_err(Error::internal)?;
+        let compliance_frameworks = envelope
+            .get("complianceMapping")
+            .and_then(Value::as_object)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        Ok(TriggerEvent {
+            id,
+            trust_tier: trust_tier.parse().unwrap_or_default(),
+            compliance_frameworks,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Default)]

@@ -19,7 +19,7 @@ use crate::store::{
 
 /// Ids looked up per query: keeps the SQL text far below ClickHouse's
 /// `max_query_size` (256 KiB).
-const LOOKUP_CHUNK: usize = 500;
+pub(super) const LOOKUP_CHUNK: usize = 500;
 
 /// One `events` row, in the table's column order.
 #[derive(Row, Serialize, Debug, Clone)]
@@ -155,7 +155,7 @@ struct ListRead {
 }
 
 /// `?, ?, ?` for `n` values.
-fn placeholders(n: usize) -> String {
+pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 

@@ -7,15 +7,8 @@ use async_trait::async_trait;
 
 use super::ClickHouseStore;
 use crate::error::{Error, Result};
-use crate::governance::DecisionStatus;
-use crate::store::NewEvent;
 use crate::store::StoredEvent;
 use crate::store::connectors::{ConnectorRecord, ConnectorStore, ConnectorUpsert, SyncRecord};
-use crate::store::governance::{
-    AuthorityGrant, ContextContract, DecideReceipt, Decision, EnforcementRefs, ExportReceipt,
-    GovernanceStore, ProofTrail, ProofTrailSummary, Receipt, ReceiptFilter, ReceiptRow,
-    TrackingPlan,
-};
 use crate::store::queries::{
     ActorActivity, Attribution, AttributionQuery, ConnectorLoad, Entity, FunnelQuery,
     MetricDefinition, MetricSnapshot, QueryStore, Range, Relationship, RunQuery, RunSummary,
@@ -120,112 +113,6 @@ impl QueryStore for ClickHouseStore {
     }
     async fn list_metric_snapshots(&self, ws: &str, limit: usize) -> Result<Vec<MetricSnapshot>> {
         super::queries::list_metric_snapshots(self, ws, limit).await
-    }
-}
-
-#[async_trait]
-impl GovernanceStore for ClickHouseStore {
-    async fn insert_decision(&self, _: &str, _: &Decision, _: Vec<NewEvent>) -> Result<()> {
-        pending("decisions")
-    }
-    async fn get_decision(&self, _: &str, _: &str) -> Result<Option<Decision>> {
-        pending("decisions")
-    }
-    async fn list_decisions(
-        &self,
-        _: &str,
-        _: Option<DecisionStatus>,
-        _: usize,
-    ) -> Result<Vec<Decision>> {
-        pending("decisions")
-    }
-    async fn update_decision(
-        &self,
-        _: &str,
-        _: DecisionStatus,
-        _: &Decision,
-        _: Vec<NewEvent>,
-    ) -> Result<bool> {
-        pending("decisions")
-    }
-    async fn insert_grant(&self, _: &str, _: &AuthorityGrant) -> Result<()> {
-        pending("authority grants")
-    }
-    async fn get_grant(&self, _: &str, _: &str) -> Result<Option<AuthorityGrant>> {
-        pending("authority grants")
-    }
-    async fn list_grants(&self, _: &str, _: usize) -> Result<Vec<AuthorityGrant>> {
-        pending("authority grants")
-    }
-    async fn revoke_grant(
-        &self,
-        _: &str,
-        _: &str,
-        _: i64,
-        _: Vec<NewEvent>,
-    ) -> Result<Option<AuthorityGrant>> {
-        pending("authority grants")
-    }
-    async fn insert_contract(&self, _: &str, _: &ContextContract) -> Result<()> {
-        pending("context contracts")
-    }
-    async fn get_contract(&self, _: &str, _: &str) -> Result<Option<ContextContract>> {
-        pending("context contracts")
-    }
-    async fn list_contracts(&self, _: &str, _: usize) -> Result<Vec<ContextContract>> {
-        pending("context contracts")
-    }
-    async fn insert_tracking_plan(&self, _: &str, _: &TrackingPlan) -> Result<()> {
-        pending("tracking plans")
-    }
-    async fn get_tracking_plan(&self, _: &str, _: &str) -> Result<Option<TrackingPlan>> {
-        pending("tracking plans")
-    }
-    async fn list_tracking_plans(&self, _: &str, _: usize) -> Result<Vec<TrackingPlan>> {
-        pending("tracking plans")
-    }
-    async fn record_enforcement(
-        &self,
-        _: &str,
-        _: &str,
-        _: &EnforcementRefs,
-        _: DecideReceipt,
-    ) -> Result<Receipt> {
-        pending("enforcement receipts")
-    }
-    async fn list_receipts(&self, _: &str, _: &ReceiptFilter) -> Result<Vec<ReceiptRow>> {
-        pending("enforcement receipts")
-    }
-    async fn get_receipts(&self, _: &str, _: &[String]) -> Result<Vec<ReceiptRow>> {
-        pending("enforcement receipts")
-    }
-    async fn receipt_chain_page(
-        &self,
-        _: &str,
-        _: Option<(String, i64)>,
-        _: usize,
-    ) -> Result<Vec<ReceiptRow>> {
-        pending("enforcement receipts")
-    }
-    async fn insert_proof_trail(&self, _: &str, _: &ProofTrail) -> Result<()> {
-        pending("proof trails")
-    }
-    async fn get_proof_trail(&self, _: &str, _: &str) -> Result<Option<ProofTrail>> {
-        pending("proof trails")
-    }
-    async fn list_proof_trails(&self, _: &str, _: usize) -> Result<Vec<ProofTrailSummary>> {
-        pending("proof trails")
-    }
-    async fn insert_export_receipt(&self, _: &str, _: &ExportReceipt) -> Result<()> {
-        pending("export receipts")
-    }
-    async fn list_export_receipts(
-        &self,
-        _: &str,
-        _: Option<&str>,
-        _: usize,
-    ) -> Result<Vec<ExportReceipt>> {
-        pending("export receipts")
     }
 }
 

@@ -10,7 +10,6 @@ use serde::de::DeserializeOwned;
 use super::{EmbeddedStore, events, sql};
 use crate::error::{Error, Result};
 use crate::governance::DecisionStatus;
-use crate::governance::hash::GENESIS_HASH;
 use crate::store::NewEvent;
 use crate::store::governance::{
     AuthorityGrant, ChainHead, ContextContract, DecideReceipt, Decision, EnforcementInputs,
@@ -160,18 +159,7 @@ fn trigger_event(
             .map_err(sql)?,
         (None, None) => None,
     };
-    let Some((id, tier, envelope)) = found else { return Ok(None) };
-    let envelope: serde_json::Value = from_json(&envelope)?;
-    let compliance_frameworks = envelope
-        .get("complianceMapping")
-        .and_then(|m| m.as_object())
-        .map(|m| m.keys().cloned().collect())
-        .unwrap_or_default();
-    Ok(Some(TriggerEvent {
-        id,
-        trust_tier: tier.parse().unwrap_or_default(),
-        compliance_frameworks,
-    }))
+    found.map(|(id, tier, envelope)| TriggerEvent::from_stored(id, &tier, &envelope)).transpose()
 }
 
 #[async_trait::async_trait]
@@ -378,20 +366,9 @@ impl GovernanceStore for EmbeddedStore {
                     s.query_row(params![ws, writer], |r| Ok((r.get(0)?, r.get(1)?))).optional()
                 })
                 .map_err(sql)?;
-            let head = match head {
-                Some((sequence, hash)) => ChainHead {
-                    sequence: u64::try_from(sequence).unwrap_or(0) + 1,
-                    prev_hash: hash,
-                },
-                None => ChainHead { sequence: 1, prev_hash: GENESIS_HASH.to_owned() },
-            };
+            let head = ChainHead::after(head);
             let (receipt, events) = decide(inputs, &head)?;
-            if receipt.sequence != head.sequence
-                || receipt.prev_hash != head.prev_hash
-                || receipt.writer != writer
-            {
-                return Err(Error::internal("a sealed receipt must take its writer's chain head"));
-            }
+            head.check_sealed(&receipt, &writer)?;
             let body = to_json(&receipt)?;
             conn.prepare_cached(
                 "INSERT INTO governance_receipts (workspace_id, id, writer, sequence, prev_hash,
