@@ -164,6 +164,49 @@ CREATE TABLE IF NOT EXISTS gateway_sessions (
     version UInt64
 ) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, gateway_id);
 
+-- Trackables: written once at registration. Codes are unique per workspace
+-- and scan codes across workspaces; the store checks both before writing
+-- (see docs/storage.md). An absent target URL or event name is ''.
+CREATE TABLE IF NOT EXISTS trackables (
+    workspace_id String,
+    id String,
+    code String,
+    scan_code String,
+    kind String,
+    name String,
+    target_url String,
+    event_name String,
+    created_at Int64,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+-- Connector records: which event a provider's record is stored as. A
+-- re-sync writes a new version (same event id, later sync time, one more
+-- sync) and replaces the event itself.
+CREATE TABLE IF NOT EXISTS connector_records (
+    workspace_id String,
+    provider String,
+    record_id String,
+    event_id String,
+    first_synced_at Int64,
+    last_synced_at Int64,
+    syncs UInt64,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, provider, record_id);
+
+-- One row per connector ingest call, append-only; reads take each id once.
+CREATE TABLE IF NOT EXISTS connector_syncs (
+    workspace_id String,
+    id String,
+    provider String,
+    business_id String,
+    received UInt64,
+    ingested UInt64,
+    updated UInt64,
+    rejected UInt64,
+    created_at Int64
+) ENGINE = MergeTree() ORDER BY (workspace_id, created_at, id);
+
 -- Governance objects (docs/governance.md), each kept whole as JSON (`body`)
 -- beside the columns reads filter on. A decision's status change and a
 -- grant's revocation are newer versions of the same id; contracts,

@@ -1,5 +1,5 @@
 //! Trackables, scans, usage tracking and connector ingest against the real
-//! binary: every kind, every bad input, the public redirect (recorded with a
+//! binary, each case on the embedded store and on ClickHouse: every kind, every bad input, the public redirect (recorded with a
 //! hashed IP, rate-limited, 404 for unknown codes), `/api/track`, events
 //! from `/api/ingest` resolving to their trackable, and each connector with
 //! its deduplication and per-record rejections.
@@ -10,7 +10,8 @@
 //! uplink is wired to the cloud.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
-use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY};
+use opgraph_tests::backends::{Backend, BackendCloud};
+use opgraph_tests::{TEST_BOOTSTRAP_KEY, both_backends};
 use reqwest::header::{HeaderMap, LOCATION};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
@@ -20,19 +21,19 @@ const KINDS: [&str; 8] =
     ["qr_code", "barcode", "rfid_tag", "sensor", "robot", "ai_agent", "mcp_server", "cli_workflow"];
 
 struct Api {
-    cloud: Cloud,
+    cloud: BackendCloud,
     client: Client,
     /// Never follows redirects: the scan answers are what is tested.
     raw: Client,
 }
 
 impl Api {
-    async fn start(env: &[(&str, String)]) -> Api {
+    async fn start(backend: Backend, env: &[(&str, String)]) -> Api {
         // Free ports for the gateway receivers too: tests run side by side.
         let mut env = env.to_vec();
         env.push(("OPGRAPH_GRPC_ADDR", "127.0.0.1:0".to_owned()));
         env.push(("OPGRAPH_QUIC_ADDR", "127.0.0.1:0".to_owned()));
-        let cloud = Cloud::start(&env).await.unwrap();
+        let cloud = backend.start(&env).await.unwrap();
         let raw = Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
         Api { client: cloud.http(), cloud, raw }
     }
@@ -97,10 +98,9 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-#[tokio::test]
-async fn every_kind_is_created_listed_and_read_back() {
+async fn every_kind_is_created_listed_and_read_back(backend: Backend) {
     let public = "https://go.example.test";
-    let api = Api::start(&[("OPGRAPH_PUBLIC_URL", public.to_owned())]).await;
+    let api = Api::start(backend, &[("OPGRAPH_PUBLIC_URL", public.to_owned())]).await;
     let mut ids = Vec::new();
     for kind in KINDS {
         let mut body = json!({"kind": kind, "name": format!("my {kind}")});
@@ -167,9 +167,8 @@ async fn every_kind_is_created_listed_and_read_back() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
 }
 
-#[tokio::test]
-async fn qr_svg_is_returned_when_asked() {
-    let api = Api::start(&[]).await;
+async fn qr_svg_is_returned_when_asked(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let (status, created) = api
         .post(
             "/api/trackables",
@@ -186,9 +185,8 @@ async fn qr_svg_is_returned_when_asked() {
     assert!(plain.get("qrSvg").is_none(), "{plain}");
 }
 
-#[tokio::test]
-async fn bad_inputs_are_refused_and_store_nothing() {
-    let api = Api::start(&[]).await;
+async fn bad_inputs_are_refused_and_store_nothing(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let qr = |url: Value| json!({"kind": "qr_code", "name": "x", "targetUrl": url});
     let cases = [
         (json!({"kind": "nfc_tag", "name": "x"}), "kind"),
@@ -254,9 +252,8 @@ async fn bad_inputs_are_refused_and_store_nothing() {
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
 
-#[tokio::test]
-async fn scan_redirects_and_records_with_a_hashed_ip() {
-    let api = Api::start(&[]).await;
+async fn scan_redirects_and_records_with_a_hashed_ip(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let target = "https://example.com/menu?table=4";
     let t = api.create(json!({"kind": "qr_code", "name": "menu", "targetUrl": target})).await;
     let path = scan_path(&t);
@@ -291,6 +288,10 @@ async fn scan_redirects_and_records_with_a_hashed_ip() {
             assert!(!bytes.windows(9).any(|w| w == b"127.0.0.1"), "raw IP stored in {file}");
         }
     }
+    if backend == Backend::ClickHouse {
+        let sql = "SELECT count() FROM events WHERE position(envelope, '127.0.0.1') > 0";
+        assert_eq!(api.cloud.store().clickhouse_sql(sql).await.unwrap().trim(), "0");
+    }
     let (_, one) = api.get(&format!("/api/trackables/{}", t["id"].as_str().unwrap())).await;
     assert_eq!(one["trackable"]["usage"]["count"], 1);
     assert_eq!(one["trackable"]["usage"]["lastUsedAt"], e["timestamp"]);
@@ -316,9 +317,8 @@ async fn scan_redirects_and_records_with_a_hashed_ip() {
     assert_eq!(api.events("").await.len(), 3);
 }
 
-#[tokio::test]
-async fn unknown_codes_and_path_tricks_are_404_and_record_nothing() {
-    let api = Api::start(&[]).await;
+async fn unknown_codes_and_path_tricks_are_404_and_record_nothing(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let t = api.create(json!({"kind": "qr_code", "name": "m", "targetUrl": "https://e.com"})).await;
     let code = t["code"].as_str().unwrap().to_owned();
     let long = format!("/r/{}", "a".repeat(100));
@@ -350,12 +350,11 @@ async fn unknown_codes_and_path_tricks_are_404_and_record_nothing() {
     assert_eq!(one["trackable"]["usage"]["count"], 0);
 }
 
-#[tokio::test]
-async fn scan_floods_still_redirect_but_are_not_recorded() {
-    let api = Api::start(&[
-        ("OPGRAPH_SCAN_BURST", "3".to_owned()),
-        ("OPGRAPH_SCAN_RATE_PER_MINUTE", "1".to_owned()),
-    ])
+async fn scan_floods_still_redirect_but_are_not_recorded(backend: Backend) {
+    let api = Api::start(
+        backend,
+        &[("OPGRAPH_SCAN_BURST", "3".to_owned()), ("OPGRAPH_SCAN_RATE_PER_MINUTE", "1".to_owned())],
+    )
     .await;
     let a =
         api.create(json!({"kind": "qr_code", "name": "a", "targetUrl": "https://e.com/a"})).await;
@@ -378,9 +377,8 @@ async fn scan_floods_still_redirect_but_are_not_recorded() {
     assert_eq!(api.events("&event=trackable.scanned").await.len(), 4);
 }
 
-#[tokio::test]
-async fn track_records_usage_through_the_ingest_rules() {
-    let api = Api::start(&[]).await;
+async fn track_records_usage_through_the_ingest_rules(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let agent = api.create(json!({"kind": "ai_agent", "name": "pricing agent"})).await;
     let cli = api
         .create(json!({"kind": "cli_workflow", "name": "deploy", "eventName": "workflow.ran"}))
@@ -432,9 +430,8 @@ async fn track_records_usage_through_the_ingest_rules() {
     assert_eq!(api.events("").await.len(), 3, "refused calls store nothing");
 }
 
-#[tokio::test]
-async fn ingested_events_with_a_registered_code_resolve_to_it() {
-    let api = Api::start(&[]).await;
+async fn ingested_events_with_a_registered_code_resolve_to_it(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let epc = "3034F87E5C0000400000012A";
     let tag = api.create(json!({"kind": "rfid_tag", "name": "pallet 7", "code": epc})).await;
     let read = |antenna: i64| {
@@ -535,9 +532,8 @@ fn provider_samples() -> Vec<(&'static str, Value, &'static str)> {
     ]
 }
 
-#[tokio::test]
-async fn each_connector_maps_and_resync_updates_without_duplicating() {
-    let api = Api::start(&[]).await;
+async fn each_connector_maps_and_resync_updates_without_duplicating(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let mut first_ids = Vec::new();
     for (provider, record, event) in provider_samples() {
         let (status, body) = api
@@ -599,11 +595,25 @@ async fn each_connector_maps_and_resync_updates_without_duplicating() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(api.events("&businessId=store-12").await.len(), 1);
+
+    // `/api/usage`: two syncs per provider (three for acme_erp), events
+    // metered once.
+    let (status, usage) = api.get("/api/usage").await;
+    assert_eq!(status, StatusCode::OK, "{usage}");
+    assert_eq!(usage["events"]["ingested"], total + 1);
+    let loads = usage["connectors"].as_array().unwrap();
+    assert_eq!(loads.len(), total);
+    let shopify = loads.iter().find(|l| l["provider"] == "shopify").unwrap();
+    assert_eq!(
+        [&shopify["syncs"], &shopify["received"], &shopify["ingested"], &shopify["updated"]],
+        [2, 2, 1, 1]
+    );
+    let acme = loads.iter().find(|l| l["provider"] == "acme_erp").unwrap();
+    assert_eq!([&acme["syncs"], &acme["ingested"], &acme["updated"]], [3, 2, 1]);
 }
 
-#[tokio::test]
-async fn rejected_records_are_reported_by_index_and_the_rest_stored() {
-    let api = Api::start(&[]).await;
+async fn rejected_records_are_reported_by_index_and_the_rest_stored(backend: Backend) {
+    let api = Api::start(backend, &[]).await;
     let good = |id: i64| json!({"id": id, "total_price": "10.00", "currency": "USD"});
     let records = json!([
         good(1),
@@ -651,9 +661,10 @@ async fn rejected_records_are_reported_by_index_and_the_rest_stored() {
     assert_eq!(api.events("").await.len(), 2, "refused calls store nothing");
 }
 
+/// The document does not depend on the store: embedded only.
 #[tokio::test]
 async fn new_routes_are_in_the_openapi_document() {
-    let api = Api::start(&[]).await;
+    let api = Api::start(Backend::Embedded, &[]).await;
     let (status, doc) = api.get("/api/openapi").await;
     assert_eq!(status, StatusCode::OK);
     for (path, method) in [
@@ -667,3 +678,16 @@ async fn new_routes_are_in_the_openapi_document() {
         assert!(doc["paths"][path][method].is_object(), "{method} {path}");
     }
 }
+
+both_backends!(
+    every_kind_is_created_listed_and_read_back,
+    qr_svg_is_returned_when_asked,
+    bad_inputs_are_refused_and_store_nothing,
+    scan_redirects_and_records_with_a_hashed_ip,
+    unknown_codes_and_path_tricks_are_404_and_record_nothing,
+    scan_floods_still_redirect_but_are_not_recorded,
+    track_records_usage_through_the_ingest_rules,
+    ingested_events_with_a_registered_code_resolve_to_it,
+    each_connector_maps_and_resync_updates_without_duplicating,
+    rejected_records_are_reported_by_index_and_the_rest_stored,
+);

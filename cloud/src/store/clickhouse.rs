@@ -17,16 +17,17 @@
 //!
 //! Governance writes are serialised per workspace the same way (see
 //! `clickhouse/governance.rs`).
-//! Not yet implemented calls answer 501 (see `clickhouse/pending.rs`).
 //! The schema is `deploy/clickhouse/schema.sql`.
 
 mod attribution;
+mod connectors;
 mod events;
 mod gateway;
 mod governance;
 mod graph;
 mod pending;
 mod queries;
+mod trackables;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -311,6 +312,8 @@ impl ClickHouseStore {
             ("tracking_plans", "version"),
             ("proof_trails", "version"),
             ("governance_receipts", "seq"),
+            ("trackables", "version"),
+            ("connector_records", "version"),
         ] {
             let max: u64 =
                 run(client.query(&format!("SELECT max({column}) FROM {table}")).sent().fetch_one())
@@ -606,11 +609,10 @@ mod tests {
     use opgraph_tests::clickhouse::ClickHouse;
 
     use super::*;
-    use crate::store::queries::QueryStore;
 
     /// A fresh store on a private server that lives as long as it. Fails
     /// with the reason when clickhouse-server is not installed.
-    async fn open() -> (ClickHouseStore, ClickHouse) {
+    pub(super) async fn open() -> (ClickHouseStore, ClickHouse) {
         let server = ClickHouse::start().await.expect("a private ClickHouse server");
         let config = ClickHouseConfig { url: server.url(), database: "opgraph".into() };
         let store = ClickHouseStore::open(&config).await.expect("open the ClickHouse store");
@@ -647,15 +649,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn calls_not_offered_yet_answer_501_never_empty() {
-        let (store, _server) = open().await;
-        let err = store.connector_loads("ws", 0).await.unwrap_err();
-        assert!(matches!(err, Error::NotImplemented(..)), "{err:?}");
-        let response = axum::response::IntoResponse::into_response(err);
-        assert_eq!(response.status(), axum::http::StatusCode::NOT_IMPLEMENTED);
-    }
-
-    #[tokio::test]
     async fn a_stopped_server_is_unavailable_and_recovery_needs_nothing() {
         let (store, mut server) = open().await;
         server.kill();
@@ -679,7 +672,7 @@ mod tests {
     #[tokio::test]
     async fn emitted_sql_runs_on_current_clickhouse() {
         use crate::store::conformance as c;
-        for case in 0..15 {
+        for case in 0..17 {
             let (store, _server) = open().await;
             c::load(&store).await;
             match case {
@@ -696,7 +689,13 @@ mod tests {
                 10 => c::funnel(&store).await,
                 11 => c::metric_definitions_and_snapshots(&store).await,
                 12 => c::entities_and_relationships(&store).await,
-                13 => c::attribution_first_touch(&store).await,
+                13 => {
+                    trackables::tests::register_and_use(&store, crate::now_ms()).await;
+                }
+                14 => {
+                    connectors::tests::resync(&store, crate::now_ms()).await;
+                }
+                15 => c::attribution_first_touch(&store).await,
                 _ => c::governance(&store).await,
             }
         }

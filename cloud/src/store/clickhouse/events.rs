@@ -22,7 +22,7 @@ use crate::store::{
 pub(super) const LOOKUP_CHUNK: usize = 500;
 
 /// One `events` row, in the table's column order.
-#[derive(Row, Serialize, Debug, Clone)]
+#[derive(Row, Serialize, Deserialize, Debug, Clone)]
 pub(super) struct EventRow {
     pub(super) workspace_id: String,
     pub(super) id: String,
@@ -235,7 +235,7 @@ pub(super) async fn store_rows(
     let mut seen: HashSet<String> = HashSet::new();
     let mut ids = Vec::with_capacity(rows.len());
     let mut fresh = Vec::new();
-    for mut row in rows {
+    for row in rows {
         if !row.message_id.is_empty()
             && let Some(first) = by_message.get(&row.message_id)
         {
@@ -249,12 +249,32 @@ pub(super) async fn store_rows(
         if !row.message_id.is_empty() {
             by_message.insert(row.message_id.clone(), row.id.clone());
         }
-        row.seq = store.clock.next();
         ids.push(row.id.clone());
         fresh.push(row);
     }
-    store.insert_rows::<EventRow>("events", &fresh).await?;
-    super::graph::observe(store, ws, &fresh).await?;
+    insert_new(store, ws, &mut fresh, &HashSet::new()).await?;
+    store.count_events_ingested(ws, fresh.len()).await?;
+    Ok((ids, fresh.len()))
+}
+
+/// Inserts rows the caller found not stored (holding the workspace's
+/// lock), in one insert: links them to trackables, numbers them, then
+/// writes what derives from them (observations, the `messageId` ledger,
+/// businesses). Usage is the caller's: a replaced connector event is not a
+/// new one. `same_edge` names rows whose edge observation their previous
+/// version left in place (`connectors`).
+pub(super) async fn insert_new(
+    store: &ClickHouseStore,
+    ws: &str,
+    fresh: &mut [EventRow],
+    same_edge: &HashSet<String>,
+) -> Result<()> {
+    super::trackables::link(store, ws, fresh).await?;
+    for row in fresh.iter_mut() {
+        row.seq = store.clock.next();
+    }
+    store.insert_rows::<EventRow>("events", fresh).await?;
+    super::graph::observe(store, ws, fresh, same_edge).await?;
     let version = store.clock.next();
     let ledger: Vec<MessageIdRow<'_>> = fresh
         .iter()
@@ -263,14 +283,12 @@ pub(super) async fn store_rows(
         .collect();
     store.insert_rows::<MessageIdRow<'_>>("message_ids", &ledger).await?;
     let mut businesses: Vec<String> = Vec::new();
-    for row in &fresh {
+    for row in fresh.iter() {
         if !businesses.contains(&row.business_id) {
             businesses.push(row.business_id.clone());
         }
     }
-    store.register_businesses(ws, &businesses).await?;
-    store.count_events_ingested(ws, fresh.len()).await?;
-    Ok((ids, fresh.len()))
+    store.register_businesses(ws, &businesses).await
 }
 
 /// [`crate::store::Store::append_events`]; the caller holds the lock.

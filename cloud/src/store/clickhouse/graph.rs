@@ -28,29 +28,93 @@ struct EntityRow<'a> {
     seq: u64,
 }
 
-#[derive(Row, Serialize)]
-struct EdgeRow<'a> {
-    workspace_id: &'a str,
-    from_type: &'a str,
-    from_id: &'a str,
-    relation: &'a str,
-    to_type: &'a str,
-    to_id: &'a str,
-    ts: i64,
+/// One observation of an edge: what `relationship_observations` holds
+/// besides the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Edge {
+    pub(super) from_type: String,
+    pub(super) from_id: String,
+    pub(super) relation: String,
+    pub(super) to_type: String,
+    pub(super) to_id: String,
+    pub(super) ts: i64,
 }
 
-/// Records what the freshly stored `rows` say about entities and edges.
-pub(super) async fn observe(store: &ClickHouseStore, ws: &str, rows: &[EventRow]) -> Result<()> {
+#[derive(Row, Serialize)]
+pub(super) struct EdgeRow<'a> {
+    pub(super) workspace_id: &'a str,
+    pub(super) from_type: &'a str,
+    pub(super) from_id: &'a str,
+    pub(super) relation: &'a str,
+    pub(super) to_type: &'a str,
+    pub(super) to_id: &'a str,
+    pub(super) ts: i64,
+}
+
+impl Edge {
+    pub(super) fn row<'a>(&'a self, ws: &'a str) -> EdgeRow<'a> {
+        EdgeRow {
+            workspace_id: ws,
+            from_type: &self.from_type,
+            from_id: &self.from_id,
+            relation: &self.relation,
+            to_type: &self.to_type,
+            to_id: &self.to_id,
+            ts: self.ts,
+        }
+    }
+}
+
+/// The envelope of a row that names an entity (`entity` with a type and
+/// an id), with that type and id.
+fn with_entity(row: &EventRow) -> Result<Option<(Value, String, String)>> {
+    // Only envelopes that mention `entity` are parsed again.
+    if !row.envelope.contains("\"entity\"") {
+        return Ok(None);
+    }
+    let envelope: Value = serde_json::from_str(&row.envelope).map_err(Error::internal)?;
+    let Some(entity) = envelope.get("entity").and_then(Value::as_object) else {
+        return Ok(None);
+    };
+    let (Some(kind), Some(id)) = (text_at(Some(entity), "type"), text_at(Some(entity), "id"))
+    else {
+        return Ok(None);
+    };
+    Ok(Some((envelope, kind, id)))
+}
+
+/// The edge a stored row observed: between its actor and object when both
+/// are typed references and it names an entity.
+pub(super) fn edge_of(row: &EventRow) -> Result<Option<Edge>> {
+    if row.actor_type.is_empty() || row.object_type.is_empty() || with_entity(row)?.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Edge {
+        from_type: row.actor_type.clone(),
+        from_id: row.actor_id.clone(),
+        relation: row.event.clone(),
+        to_type: row.object_type.clone(),
+        to_id: row.object_id.clone(),
+        ts: row.ts,
+    }))
+}
+
+/// Records what the freshly stored `rows` say about entities and edges;
+/// the rows named in `same_edge` add no edge observation (their previous
+/// version's is kept).
+pub(super) async fn observe(
+    store: &ClickHouseStore,
+    ws: &str,
+    rows: &[EventRow],
+    same_edge: &std::collections::HashSet<String>,
+) -> Result<()> {
     let mut entities = Vec::new();
     let mut edges = Vec::new();
-    // Only envelopes that mention `entity` are parsed again.
-    for row in rows.iter().filter(|r| r.envelope.contains("\"entity\"")) {
-        let envelope: Value = serde_json::from_str(&row.envelope).map_err(Error::internal)?;
-        let Some(entity) = envelope.get("entity").and_then(Value::as_object) else {
+    for row in rows {
+        let Some((envelope, kind, id)) = with_entity(row)? else {
             continue;
         };
-        let (Some(kind), Some(id)) = (text_at(Some(entity), "type"), text_at(Some(entity), "id"))
-        else {
+        let Some(entity) = envelope.get("entity").and_then(Value::as_object) else {
             continue;
         };
         let name = text_at(Some(entity), "name");
@@ -68,7 +132,8 @@ pub(super) async fn observe(store: &ClickHouseStore, ws: &str, rows: &[EventRow]
             ts: row.ts,
             seq: row.seq,
         });
-        if !row.actor_type.is_empty() && !row.object_type.is_empty() {
+        if !row.actor_type.is_empty() && !row.object_type.is_empty() && !same_edge.contains(&row.id)
+        {
             edges.push(EdgeRow {
                 workspace_id: ws,
                 from_type: &row.actor_type,

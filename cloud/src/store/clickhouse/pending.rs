@@ -1,26 +1,18 @@
-//! The traits beside `Store` and `GatewayStore` on ClickHouse. What is not
-//! offered yet answers [`Error::NotImplemented`] (HTTP 501), never an empty
-//! result that a client could take for "no data". `docs/storage.md` lists
-//! what is done.
+//! `QueryStore` on ClickHouse, each call handed to the module that does it.
+//! A call the backend did not offer would answer `Error::NotImplemented`
+//! (HTTP 501), never an empty result that a client could take for "no
+//! data"; `docs/storage.md` lists what is done.
 
 use async_trait::async_trait;
 
 use super::ClickHouseStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::StoredEvent;
-use crate::store::connectors::{ConnectorRecord, ConnectorStore, ConnectorUpsert, SyncRecord};
 use crate::store::queries::{
     ActorActivity, Attribution, AttributionQuery, ConnectorLoad, Entity, FunnelQuery,
     MetricDefinition, MetricSnapshot, QueryStore, Range, Relationship, RunQuery, RunSummary,
     SearchQuery, SearchResult, SeriesPoint, SeriesQuery, Totals, TotalsQuery,
 };
-use crate::store::trackables::{
-    CreateTrackable, ScanTarget, Trackable, TrackableStore, TrackableUsage,
-};
-
-fn pending<T>(what: &'static str) -> Result<T> {
-    Err(Error::NotImplemented(what, "ClickHouse"))
-}
 
 #[async_trait]
 impl QueryStore for ClickHouseStore {
@@ -61,8 +53,8 @@ impl QueryStore for ClickHouseStore {
     ) -> Result<Vec<StoredEvent>> {
         super::queries::proof_gaps(self, ws, range, business_id, limit).await
     }
-    async fn connector_loads(&self, _: &str, _: i64) -> Result<Vec<ConnectorLoad>> {
-        pending("connector loads")
+    async fn connector_loads(&self, ws: &str, since: i64) -> Result<Vec<ConnectorLoad>> {
+        super::connectors::loads(self, ws, since).await
     }
     async fn business_exists(&self, ws: &str, business_id: &str) -> Result<bool> {
         self.business_exists_impl(ws, business_id).await
@@ -113,39 +105,5 @@ impl QueryStore for ClickHouseStore {
     }
     async fn list_metric_snapshots(&self, ws: &str, limit: usize) -> Result<Vec<MetricSnapshot>> {
         super::queries::list_metric_snapshots(self, ws, limit).await
-    }
-}
-
-#[async_trait]
-impl TrackableStore for ClickHouseStore {
-    async fn create_trackable(&self, _: &str, _: &Trackable) -> Result<CreateTrackable> {
-        pending("trackables")
-    }
-    async fn list_trackables(&self, _: &str, _: usize) -> Result<Vec<Trackable>> {
-        pending("trackables")
-    }
-    async fn get_trackable(&self, _: &str, _: &str) -> Result<Option<(Trackable, TrackableUsage)>> {
-        pending("trackables")
-    }
-    async fn trackable_by_code(&self, _: &str, _: &str) -> Result<Option<Trackable>> {
-        pending("trackables")
-    }
-    async fn scan_target(&self, _: &str) -> Result<Option<ScanTarget>> {
-        pending("trackables")
-    }
-}
-
-#[async_trait]
-impl ConnectorStore for ClickHouseStore {
-    async fn upsert_connector_records(
-        &self,
-        _: &str,
-        _: Vec<ConnectorRecord>,
-        _: SyncRecord,
-    ) -> Result<ConnectorUpsert> {
-        pending("connector records")
-    }
-    async fn list_connector_syncs(&self, _: &str, _: usize) -> Result<Vec<SyncRecord>> {
-        pending("connector syncs")
     }
 }
