@@ -67,6 +67,11 @@ pub struct StoreConfig {
     /// Database of the ClickHouse store, created if missing. Default
     /// `opgraph`. Env `OPGRAPH_CLICKHOUSE_DATABASE`.
     pub clickhouse_database: String,
+    /// Cluster (a name in the ClickHouse servers' `remote_servers`) to lay
+    /// the ClickHouse store out on: replicated local tables created `ON
+    /// CLUSTER` and Distributed tables over them (docs/storage.md). Unset
+    /// (default): one server. Env `OPGRAPH_CLICKHOUSE_CLUSTER`.
+    pub clickhouse_cluster: Option<String>,
     /// How long the embedded writer gathers concurrent writes into one
     /// transaction (one fsync). Longer raises throughput under load and
     /// latency when idle. Default `0ms`: commit as soon as the queue is
@@ -207,6 +212,7 @@ impl Default for StoreConfig {
             data_dir: PathBuf::from("opgraph-data"),
             clickhouse_url: None,
             clickhouse_database: "opgraph".into(),
+            clickhouse_cluster: None,
             group_commit_window: Duration::ZERO,
         }
     }
@@ -336,6 +342,9 @@ impl Config {
         if let Some(v) = env("OPGRAPH_CLICKHOUSE_DATABASE") {
             self.store.clickhouse_database = v;
         }
+        if let Some(v) = env("OPGRAPH_CLICKHOUSE_CLUSTER") {
+            self.store.clickhouse_cluster = Some(v);
+        }
         if let Some(v) = env("OPGRAPH_BOOTSTRAP_KEY") {
             self.auth.bootstrap_key = Some(v);
         }
@@ -381,6 +390,14 @@ impl Config {
             && !(url.starts_with("http://") || url.starts_with("https://"))
         {
             return Err(problem("store.clickhouse_url", "must be an http:// or https:// URL"));
+        }
+        if let Some(cluster) = &self.store.clickhouse_cluster
+            && !crate::store::clickhouse::plain_identifier(cluster)
+        {
+            return Err(problem(
+                "store.clickhouse_cluster",
+                "letters, digits and '_' only, not starting with a digit, at most 64",
+            ));
         }
         if !crate::store::clickhouse::plain_identifier(&self.store.clickhouse_database) {
             return Err(problem(
@@ -484,6 +501,17 @@ mod tests {
         let err =
             Config::load(None, |k| (k == "OPGRAPH_STORE").then(|| "duck".into())).unwrap_err();
         assert_eq!(err.key, "OPGRAPH_STORE");
+    }
+
+    #[test]
+    fn clickhouse_cluster_must_be_a_plain_name() {
+        let with = |name: &'static str| {
+            move |k: &str| (k == "OPGRAPH_CLICKHOUSE_CLUSTER").then(|| name.to_owned())
+        };
+        let config = Config::load(None, with("opgraph_2x2")).unwrap();
+        assert_eq!(config.store.clickhouse_cluster.as_deref(), Some("opgraph_2x2"));
+        let err = Config::load(None, with("c; DROP TABLE events")).unwrap_err();
+        assert_eq!(err.key, "store.clickhouse_cluster");
     }
 
     #[test]

@@ -120,7 +120,8 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             })?;
             let url = config.store.clickhouse_url.clone().unwrap_or_default();
             let database = config.store.clickhouse_database.clone();
-            Arc::new(ClickHouseStore::open(&ClickHouseConfig { url, database }).await?)
+            let cluster = config.store.clickhouse_cluster.clone();
+            Arc::new(ClickHouseStore::open(&ClickHouseConfig { url, database, cluster }).await?)
         }
     };
     bootstrap(&config, store.as_ref()).await?;

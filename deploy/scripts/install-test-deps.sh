@@ -13,6 +13,9 @@ needs=(
   "clickhouse-server clickhouse-server"  # the ClickHouse store's tests start their own server on loopback
   "clickhouse-client clickhouse-client"  # raw-SQL baselines and debugging of those servers
   "python3 python3"        # runs the ClickHouse SQL check on chdb (below)
+  # the ClickHouse cluster test's replication and ON CLUSTER DDL; tests
+  # start their own on loopback (the package brings a Java runtime)
+  "/usr/share/zookeeper/bin/zkServer.sh zookeeper"
 )
 
 missing=()

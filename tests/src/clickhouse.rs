@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+pub mod cluster;
+
 /// How long a server may take to answer `/ping` (18.16 needs well under a
 /// second here; the margin is for a loaded CI machine).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -27,6 +29,9 @@ pub struct ClickHouse {
     dir: tempfile::TempDir,
     http_port: u16,
     tcp_port: u16,
+    /// Configuration elements added to the generated `config.xml` (a
+    /// cluster node's `remote_servers`, `macros`, `zookeeper`).
+    extra_config: String,
 }
 
 /// Where Debian puts the server, or `None` when it is not installed.
@@ -44,7 +49,7 @@ pub fn server_binary() -> Option<PathBuf> {
     })
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -57,7 +62,8 @@ impl ClickHouse {
              (Debian's clickhouse-server package), as the project's test command does",
         )?;
         let dir = tempfile::Builder::new().prefix("opgraph-clickhouse-").tempdir()?;
-        let mut server = ClickHouse { child: None, dir, http_port: 0, tcp_port: 0 };
+        let mut server =
+            ClickHouse { child: None, dir, http_port: 0, tcp_port: 0, extra_config: String::new() };
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             server.http_port = free_port()?;
@@ -68,6 +74,20 @@ impl ClickHouse {
             }
         }
         Err(last_error.unwrap_or_else(|| anyhow::anyhow!("clickhouse-server did not start")))
+    }
+
+    /// Starts a server on the given ports with `extra_config` in its
+    /// configuration; one attempt (the caller picked the ports).
+    pub(crate) async fn start_with(
+        http_port: u16,
+        tcp_port: u16,
+        extra_config: String,
+    ) -> Result<ClickHouse> {
+        let binary = server_binary().context("clickhouse-server is not installed")?;
+        let dir = tempfile::Builder::new().prefix("opgraph-clickhouse-").tempdir()?;
+        let mut server = ClickHouse { child: None, dir, http_port, tcp_port, extra_config };
+        server.launch(&binary).await?;
+        Ok(server)
     }
 
     /// The HTTP interface, e.g. `http://127.0.0.1:40123`.
@@ -142,7 +162,8 @@ impl ClickHouse {
         }
     }
 
-    fn log_tail(&self) -> String {
+    /// The last lines of the server's error log, for failure messages.
+    pub fn log_tail(&self) -> String {
         let text =
             std::fs::read_to_string(self.dir.path().join("log/server.err.log")).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -175,10 +196,12 @@ impl ClickHouse {
     <mark_cache_size>268435456</mark_cache_size>
     <uncompressed_cache_size>268435456</uncompressed_cache_size>
     <max_concurrent_queries>100</max_concurrent_queries>
+{extra}
 </yandex>
 "#,
             http = self.http_port,
             tcp = self.tcp_port,
+            extra = self.extra_config,
         )
     }
 }

@@ -20,6 +20,7 @@
 //! The schema is `deploy/clickhouse/schema.sql`.
 
 mod attribution;
+mod cluster;
 mod connectors;
 mod events;
 mod gateway;
@@ -45,6 +46,7 @@ use super::{
 };
 use crate::auth::Scope;
 use crate::error::{Error, Result};
+pub use cluster::Cluster;
 
 /// The schema, applied statement by statement at every start.
 pub const SCHEMA: &str = include_str!("../../../deploy/clickhouse/schema.sql");
@@ -58,11 +60,14 @@ const RETRY_AFTER_SECS: u64 = 5;
 pub(crate) const DAY_MS: i64 = 86_400_000;
 
 /// Where the store lives: the HTTP URL (credentials may be given as
-/// `http://user:password@host:8123`) and the database, created if missing.
+/// `http://user:password@host:8123`), the database, created if missing, and
+/// the cluster of the server's `remote_servers` to lay the tables out on
+/// (`None`: one server).
 #[derive(Debug, Clone)]
 pub struct ClickHouseConfig {
     pub url: String,
     pub database: String,
+    pub cluster: Option<String>,
 }
 
 pub struct ClickHouseStore {
@@ -74,6 +79,11 @@ pub struct ClickHouseStore {
     /// Businesses known to exist, so that ingest registers a business once
     /// instead of asking at every call.
     businesses: Mutex<HashSet<(String, String)>>,
+    /// Set on a cluster; see `clickhouse/cluster.rs`.
+    cluster: Option<Cluster>,
+    /// On a replicated cluster, one insert per table at a time (quorum
+    /// inserts into one table must not overlap on ClickHouse 18.16).
+    table_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Versions and insertion order: wall-clock microseconds, strictly
@@ -130,15 +140,34 @@ fn client_for(url: &str) -> Result<Client> {
 /// Network failures and overload are worth a retry later; the rest is a bug
 /// (ours or the schema's).
 fn classify(e: clickhouse::error::Error) -> Error {
+    let error = classify_quietly(&e);
+    if matches!(error, Error::Unavailable { .. }) {
+        // The answer says only "unavailable": the cause goes to the log.
+        tracing::warn!(error = %e, "ClickHouse unavailable");
+    }
+    error
+}
+
+fn classify_quietly(e: &clickhouse::error::Error) -> Error {
     use clickhouse::error::Error as Ch;
-    match &e {
+    match e {
         Ch::Network(_) | Ch::TimedOut => Error::Unavailable { retry_after_secs: RETRY_AFTER_SECS },
         // 241 memory limit, 252 too many parts, 202 too many queries,
-        // 159 timeout: the server is alive but cannot take it now.
+        // 159 timeout: the server is alive but cannot take it now; on a
+        // cluster, 285 too few live replicas for the quorum, 286 another
+        // quorum insert still running, 319 unknown quorum status.
         Ch::BadResponse(text)
-            if ["Code: 241", "Code: 252", "Code: 202", "Code: 159"]
-                .iter()
-                .any(|code| text.contains(code)) =>
+            if [
+                "Code: 241",
+                "Code: 252",
+                "Code: 202",
+                "Code: 159",
+                "Code: 285",
+                "Code: 286",
+                "Code: 319",
+            ]
+            .iter()
+            .any(|code| text.contains(code)) =>
         {
             Error::Unavailable { retry_after_secs: RETRY_AFTER_SECS }
         }
@@ -275,15 +304,42 @@ impl ClickHouseStore {
                 "letters, digits and '_' only, not starting with a digit",
             ));
         }
-        let server = client_for(&config.url)?;
+        let mut server = client_for(&config.url)?;
+        let cluster = match &config.cluster {
+            Some(name) => Some(cluster::Cluster::read(&server, name).await?),
+            None => None,
+        };
+        let on_cluster = cluster.as_ref().map(|c| format!(" ON CLUSTER {}", c.name));
         run(server
-            .query(&format!("CREATE DATABASE IF NOT EXISTS {}", config.database))
+            .query(&format!(
+                "CREATE DATABASE IF NOT EXISTS {}{}",
+                config.database,
+                on_cluster.unwrap_or_default()
+            ))
             .sent()
             .execute())
         .await?;
+        let statements = match &cluster {
+            Some(cluster) => {
+                for (name, value) in cluster.options() {
+                    server = server.with_setting(name, value);
+                }
+                cluster.statements(&config.database, &schema_statements())?
+            }
+            None => schema_statements(),
+        };
         let client = server.with_database(config.database.clone());
-        for statement in schema_statements() {
-            run(client.query(&statement).sent().execute()).await?;
+        for statement in statements {
+            // Idempotent, so a connection lost mid-way (seen on a busy
+            // cluster node) is worth one more try.
+            let mut attempts = 0;
+            loop {
+                match run(client.query(&statement).sent().execute()).await {
+                    Err(Error::Unavailable { .. }) if attempts < 2 => attempts += 1,
+                    result => break result?,
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
         }
         let version: u32 =
             run(client.query("SELECT max(version) FROM schema_version").sent().fetch_one()).await?;
@@ -325,6 +381,8 @@ impl ClickHouseStore {
             locks: Mutex::new(HashMap::new()),
             clock: Clock(AtomicU64::new(highest)),
             businesses: Mutex::new(HashSet::new()),
+            cluster,
+            table_locks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -342,6 +400,18 @@ impl ClickHouseStore {
         if rows.is_empty() {
             return Ok(());
         }
+        let table_lock = match &self.cluster {
+            Some(cluster) if cluster.replicas > 1 => {
+                let mut locks =
+                    self.table_locks.lock().map_err(|_| Error::internal("lock table poisoned"))?;
+                Some(Arc::clone(locks.entry(table.to_owned()).or_default()))
+            }
+            _ => None,
+        };
+        let _guard = match &table_lock {
+            Some(lock) => Some(lock.lock().await),
+            None => None,
+        };
         run(async {
             let mut insert = self.client.insert::<T>(table).await?;
             for row in rows {
@@ -614,7 +684,8 @@ mod tests {
     /// with the reason when clickhouse-server is not installed.
     pub(super) async fn open() -> (ClickHouseStore, ClickHouse) {
         let server = ClickHouse::start().await.expect("a private ClickHouse server");
-        let config = ClickHouseConfig { url: server.url(), database: "opgraph".into() };
+        let config =
+            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
         let store = ClickHouseStore::open(&config).await.expect("open the ClickHouse store");
         (store, server)
     }
@@ -637,7 +708,8 @@ mod tests {
         let (store, server) = open().await;
         let request = AppendRequest { events: vec![event("evt_1")], idempotency_key: None };
         store.append_events("ws", request).await.unwrap();
-        let config = ClickHouseConfig { url: server.url(), database: "opgraph".into() };
+        let config =
+            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
         let reopened = ClickHouseStore::open(&config).await.unwrap();
         let filter = EventFilter { limit: 10, ..Default::default() };
         assert_eq!(reopened.list_events("ws", &filter).await.unwrap().len(), 1);
