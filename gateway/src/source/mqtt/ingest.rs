@@ -47,8 +47,10 @@ const READ_CHUNK: usize = 64 * 1024;
 const READ_AHEAD: usize = 1024 * 1024;
 /// The buffer of a connection between batches: a thousand idle devices
 /// must not hold a [`READ_CHUNK`] each (measured: ~90 KB per connection
-/// before, most of the gateway's RSS with 1000 devices).
-const IDLE_BUFFER: usize = 4 * 1024;
+/// before, most of the gateway's RSS with 1000 devices). Enough for a
+/// PINGREQ or a few readings; a connection reads more once it holds a batch
+/// slot.
+const IDLE_BUFFER: usize = 1024;
 
 /// One `[[sources.mqtt_ingest]]` table.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -359,7 +361,7 @@ async fn serve(
     shutdown: &CancellationToken,
 ) -> std::result::Result<(), String> {
     let mut buf = BytesMut::with_capacity(IDLE_BUFFER);
-    let mut out = BytesMut::with_capacity(1024);
+    let mut out = BytesMut::new();
     let first = tokio::time::timeout(
         shared.connect_timeout,
         read_packet(&mut stream, &mut buf, shared.max_packet),
@@ -393,7 +395,6 @@ async fn serve(
     let idle = (connect.keep_alive > 0)
         .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut publishes = Vec::new();
     loop {
         // A batch that stopped at batch_max leaves whole packets behind:
         // handle them before waiting for more.
@@ -452,6 +453,9 @@ async fn serve(
             }
         }
         let mut closing = eof.then_some(Ok(()));
+        // Per batch: kept between batches, its capacity (up to a hundred
+        // packets) would stay with every idle connection.
+        let mut publishes = Vec::new();
         loop {
             match Packet::read(&mut buf, shared.max_packet) {
                 Ok(Packet::Publish(publish)) => {
