@@ -15,6 +15,7 @@
 
 use async_trait::async_trait;
 use opgraph_proto::TrustTier;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -24,6 +25,17 @@ use crate::error::{Error, Result};
 use crate::governance::hash::GENESIS_HASH;
 use crate::governance::rules::Check;
 use crate::governance::{DecisionStatus, Outcome, RiskLevel};
+
+/// A governance object as the text both backends store it in.
+pub(crate) fn to_json<T: Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(Error::internal)
+}
+
+/// A stored governance object back; the store wrote it, so a failure is
+/// internal.
+pub(crate) fn from_json<T: DeserializeOwned>(text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(Error::internal)
+}
 
 /// A governance record of a decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -27,7 +27,7 @@ use crate::governance::DecisionStatus;
 use crate::store::governance::{
     AuthorityGrant, ChainHead, ContextContract, DecideReceipt, Decision, EnforcementInputs,
     EnforcementRefs, ExportReceipt, GovernanceStore, ProofTrail, ProofTrailSummary, Receipt,
-    ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent,
+    ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent, from_json, to_json,
 };
 use crate::store::{AppendRequest, NewEvent, Store};
 
@@ -39,14 +39,6 @@ const PLANS: &str = "tracking_plans";
 const RECEIPT_SELECT: &str = "SELECT id, writer, sequence, prev_hash, content_hash, created_at,
         outcome, trace_id, decision_id, body
     FROM governance_receipts";
-
-fn to_json<T: Serialize>(value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(Error::internal)
-}
-
-fn from_json<T: DeserializeOwned>(text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(Error::internal)
-}
 
 fn limit_arg(limit: usize) -> u64 {
     u64::try_from(limit).unwrap_or(u64::MAX)

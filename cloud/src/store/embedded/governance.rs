@@ -4,7 +4,6 @@
 
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{EmbeddedStore, events, sql};
@@ -14,7 +13,7 @@ use crate::store::NewEvent;
 use crate::store::governance::{
     AuthorityGrant, ChainHead, ContextContract, DecideReceipt, Decision, EnforcementInputs,
     EnforcementRefs, ExportReceipt, GovernanceStore, ProofTrail, ProofTrailSummary, Receipt,
-    ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent,
+    ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent, from_json, to_json,
 };
 
 const GRANTS: &str = "governance_grants";
@@ -22,14 +21,6 @@ const CONTRACTS: &str = "governance_contracts";
 const PLANS: &str = "tracking_plans";
 const TRAILS: &str = "proof_trails";
 const RECEIPT_COLUMNS: &str = "id, writer, sequence, prev_hash, content_hash, created_at, outcome, trace_id, decision_id, body";
-
-fn to_json<T: Serialize>(value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(Error::internal)
-}
-
-fn from_json<T: DeserializeOwned>(text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(Error::internal)
-}
 
 fn limit_arg(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
