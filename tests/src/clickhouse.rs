@@ -128,7 +128,8 @@ impl ClickHouse {
             .current_dir(root)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // A crash report goes to stderr, not to the log files.
+            .stderr(std::fs::File::create(root.join("log/stderr.log"))?)
             .spawn()
             .with_context(|| format!("spawn {}", binary.display()))?;
         self.child = Some(child);
@@ -164,8 +165,10 @@ impl ClickHouse {
 
     /// The last lines of the server's error log, for failure messages.
     pub fn log_tail(&self) -> String {
-        let text =
-            std::fs::read_to_string(self.dir.path().join("log/server.err.log")).unwrap_or_default();
+        let read = |name: &str| {
+            std::fs::read_to_string(self.dir.path().join("log").join(name)).unwrap_or_default()
+        };
+        let text = read("server.err.log") + &read("stderr.log");
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(10)..].join("\n")
     }

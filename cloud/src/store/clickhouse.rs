@@ -204,6 +204,24 @@ async fn run<T>(call: impl Future<Output = clickhouse::error::Result<T>>) -> Res
     }
 }
 
+/// [`run`] for the idempotent calls made at start, tried up to three
+/// times, so that a connection dropped once (a node restarting beside the
+/// cloud) does not stop the start.
+async fn retried<T, F, C>(call: C) -> Result<T>
+where
+    C: Fn() -> F,
+    F: Future<Output = clickhouse::error::Result<T>>,
+{
+    let mut attempts = 0;
+    loop {
+        match run(call()).await {
+            Err(Error::Unavailable { .. }) if attempts < 2 => attempts += 1,
+            result => return result,
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The statements of [`SCHEMA`]: comments dropped, split at a semicolon
 /// that ends a line.
 pub fn schema_statements() -> Vec<String> {
@@ -310,15 +328,12 @@ impl ClickHouseStore {
             None => None,
         };
         let on_cluster = cluster.as_ref().map(|c| format!(" ON CLUSTER {}", c.name));
-        run(server
-            .query(&format!(
-                "CREATE DATABASE IF NOT EXISTS {}{}",
-                config.database,
-                on_cluster.unwrap_or_default()
-            ))
-            .sent()
-            .execute())
-        .await?;
+        let create = format!(
+            "CREATE DATABASE IF NOT EXISTS {}{}",
+            config.database,
+            on_cluster.unwrap_or_default()
+        );
+        retried(|| server.query(&create).sent().execute()).await?;
         let statements = match &cluster {
             Some(cluster) => {
                 for (name, value) in cluster.options() {
@@ -330,19 +345,11 @@ impl ClickHouseStore {
         };
         let client = server.with_database(config.database.clone());
         for statement in statements {
-            // Idempotent, so a connection lost mid-way (seen on a busy
-            // cluster node) is worth one more try.
-            let mut attempts = 0;
-            loop {
-                match run(client.query(&statement).sent().execute()).await {
-                    Err(Error::Unavailable { .. }) if attempts < 2 => attempts += 1,
-                    result => break result?,
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+            retried(|| client.query(&statement).sent().execute()).await?;
         }
         let version: u32 =
-            run(client.query("SELECT max(version) FROM schema_version").sent().fetch_one()).await?;
+            retried(|| client.query("SELECT max(version) FROM schema_version").sent().fetch_one())
+                .await?;
         if version < SCHEMA_VERSION {
             run(client
                 .query("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)")
@@ -371,9 +378,10 @@ impl ClickHouseStore {
             ("trackables", "version"),
             ("connector_records", "version"),
         ] {
-            let max: u64 =
-                run(client.query(&format!("SELECT max({column}) FROM {table}")).sent().fetch_one())
-                    .await?;
+            let max: u64 = retried(|| {
+                client.query(&format!("SELECT max({column}) FROM {table}")).sent().fetch_one()
+            })
+            .await?;
             highest = highest.max(max);
         }
         Ok(ClickHouseStore {

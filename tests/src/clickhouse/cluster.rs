@@ -22,12 +22,9 @@ const ZOOKEEPER_START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Ports picked as free may be taken before the servers bind them.
 const START_ATTEMPTS: usize = 3;
 
-/// A running cluster. HTTP connections stay open 10 s (3 s by default), as
-/// `deploy/clickhouse/cluster/` sets: the `clickhouse` crate drops idle
-/// connections after 2 s, a margin that four servers on two loaded cores
-/// overran (a request sent on a connection the server was closing).
-/// A killed node's ZooKeeper session ends after 2 s
-/// (30 s by default), so the others see a lost replica quickly.
+/// A running cluster.
+/// ZooKeeper's `tickTime` of 500 ms caps sessions at 10 s (20 ticks), so
+/// the others see a killed node's replica lost within 10 s.
 /// Field order: the servers stop before ZooKeeper.
 pub struct Cluster {
     /// `nodes[shard][replica]`.
@@ -78,15 +75,18 @@ impl Cluster {
                     r#"    <interserver_http_host>127.0.0.1</interserver_http_host>
     <interserver_http_port>{interserver}</interserver_http_port>
     <remote_servers><{CLUSTER}>{remote_servers}</{CLUSTER}></remote_servers>
-    <zookeeper><node><host>127.0.0.1</host><port>{zk}</port></node><session_timeout_ms>2000</session_timeout_ms></zookeeper>
+    <zookeeper><node><host>127.0.0.1</host><port>{zk}</port></node></zookeeper>
     <distributed_ddl><path>/clickhouse/task_queue/ddl</path></distributed_ddl>
-    <keep_alive_timeout>10</keep_alive_timeout>
     <macros><shard>{s}</shard><replica>r{r}</replica></macros>"#,
                     zk = zookeeper.port,
                     s = shard + 1,
                     r = replica + 1,
                 );
-                shard_nodes.push(ClickHouse::start_with(*http, *tcp, extra).await?);
+                let node = ClickHouse::start_with(*http, *tcp, extra).await?;
+                // 18.16 has crashed (NULL ZooKeeper session) when nodes
+                // set up their DDL queues at the same moment: one at a time.
+                node.await_zookeeper().await?;
+                shard_nodes.push(node);
             }
             nodes.push(shard_nodes);
         }
@@ -96,6 +96,31 @@ impl Cluster {
     /// The node the cloud talks to: the first replica of the first shard.
     pub fn entry(&self) -> &ClickHouse {
         &self.nodes[0][0]
+    }
+}
+
+impl ClickHouse {
+    /// Waits until the server reads from ZooKeeper.
+    async fn await_zookeeper(&self) -> Result<()> {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + ZOOKEEPER_START_TIMEOUT;
+        loop {
+            let answer = http
+                .post(self.url())
+                .body("SELECT count() FROM system.zookeeper WHERE path = '/'")
+                .send()
+                .await;
+            if let Ok(response) = answer
+                && response.status().is_success()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("clickhouse-server has no ZooKeeper session: {}", self.log_tail());
+            }
+            // Polling: the server offers no notification.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 

@@ -25,7 +25,7 @@
 use clickhouse::{Client, Row};
 use serde::Deserialize;
 
-use super::{Sent, run};
+use super::Sent;
 use crate::error::{Error, Result};
 
 /// How the store is laid out on a cluster, read from `system.clusters`.
@@ -52,14 +52,16 @@ impl Cluster {
                 "letters, digits and '_' only, not starting with a digit",
             ));
         }
-        let read: ClusterRead = run(client
-            .query(
-                "SELECT uniqExact(shard_num), toUInt64(max(replica_num)) FROM system.clusters
-                 WHERE cluster = ?",
-            )
-            .bind(name)
-            .sent()
-            .fetch_one())
+        let read: ClusterRead = super::retried(|| {
+            client
+                .query(
+                    "SELECT uniqExact(shard_num), toUInt64(max(replica_num)) FROM system.clusters
+                     WHERE cluster = ?",
+                )
+                .bind(name)
+                .sent()
+                .fetch_one()
+        })
         .await?;
         if read.shards == 0 {
             return Err(Error::validation(
