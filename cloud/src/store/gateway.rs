@@ -32,6 +32,30 @@ pub enum BatchCommit {
     Gap { acked_sequence: u64 },
 }
 
+impl BatchCommit {
+    /// The exactly-once rule every backend applies to a batch `first..=last`
+    /// sent in session `epoch`, against the stored session (`stored_epoch`,
+    /// `acked`): `Err` with the answer when nothing is to be stored, or
+    /// `Ok(acked)`, above which the batch's events are new.
+    pub fn admit(
+        stored_epoch: u64,
+        acked: u64,
+        epoch: u64,
+        (first, last): (u64, u64),
+    ) -> std::result::Result<u64, BatchCommit> {
+        if stored_epoch != epoch {
+            return Err(BatchCommit::Fenced { current_epoch: stored_epoch });
+        }
+        if first > acked.saturating_add(1) {
+            return Err(BatchCommit::Gap { acked_sequence: acked });
+        }
+        if last <= acked {
+            return Err(BatchCommit::Acked { acked_sequence: acked, inserted: 0 });
+        }
+        Ok(acked)
+    }
+}
+
 #[async_trait]
 pub trait GatewayStore: Send + Sync {
     /// Opens a session: bumps and returns the epoch with the current ack.
@@ -58,4 +82,32 @@ pub trait GatewayStore: Send + Sync {
         range: (u64, u64),
         events: Vec<(u64, NewEvent)>,
     ) -> Result<BatchCommit>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BatchCommit;
+
+    #[test]
+    fn admit_fences_waits_for_gaps_and_skips_what_is_acked() {
+        assert_eq!(
+            BatchCommit::admit(3, 10, 2, (11, 20)),
+            Err(BatchCommit::Fenced { current_epoch: 3 })
+        );
+        assert_eq!(
+            BatchCommit::admit(3, 10, 3, (12, 20)),
+            Err(BatchCommit::Gap { acked_sequence: 10 })
+        );
+        assert_eq!(
+            BatchCommit::admit(3, 10, 3, (5, 10)),
+            Err(BatchCommit::Acked { acked_sequence: 10, inserted: 0 })
+        );
+        // Overlapping and next batches are admitted; events above 10 are new.
+        assert_eq!(BatchCommit::admit(3, 10, 3, (5, 20)), Ok(10));
+        assert_eq!(BatchCommit::admit(3, 10, 3, (11, 20)), Ok(10));
+        assert_eq!(
+            BatchCommit::admit(1, u64::MAX, 1, (1, 5)),
+            Err(BatchCommit::Acked { acked_sequence: u64::MAX, inserted: 0 })
+        );
+    }
 }

@@ -122,16 +122,11 @@ impl GatewayStore for ClickHouseStore {
             acked_sequence: 0,
             buffer_id: String::new(),
         });
-        if session.epoch != epoch {
-            return Ok(BatchCommit::Fenced { current_epoch: session.epoch });
-        }
-        let acked = session.acked_sequence;
-        if first > acked.saturating_add(1) {
-            return Ok(BatchCommit::Gap { acked_sequence: acked });
-        }
-        if last <= acked {
-            return Ok(BatchCommit::Acked { acked_sequence: acked, inserted: 0 });
-        }
+        let acked =
+            match BatchCommit::admit(session.epoch, session.acked_sequence, epoch, (first, last)) {
+                Ok(acked) => acked,
+                Err(answer) => return Ok(answer),
+            };
         let fresh: Vec<_> = batch
             .into_iter()
             .filter(|(seq, _)| *seq > acked)

@@ -102,16 +102,15 @@ impl GatewayStore for EmbeddedStore {
         let rows = events::prepare_rows(events.into_iter().map(|(_, e)| e).collect());
         self.write(move |conn| {
             let session = load(conn, &ws, &gateway)?.unwrap_or_default();
-            if session.epoch != epoch {
-                return Ok(BatchCommit::Fenced { current_epoch: session.epoch });
-            }
-            let acked = session.acked_sequence;
-            if first > acked.saturating_add(1) {
-                return Ok(BatchCommit::Gap { acked_sequence: acked });
-            }
-            if last <= acked {
-                return Ok(BatchCommit::Acked { acked_sequence: acked, inserted: 0 });
-            }
+            let acked = match BatchCommit::admit(
+                session.epoch,
+                session.acked_sequence,
+                epoch,
+                (first, last),
+            ) {
+                Ok(acked) => acked,
+                Err(answer) => return Ok(answer),
+            };
             let fresh: Vec<_> = sequences
                 .iter()
                 .zip(rows)
