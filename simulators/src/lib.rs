@@ -56,6 +56,20 @@ pub(crate) fn print(text: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(Error::io("writing stdout"))
 }
+
+/// A `--broker HOST:PORT` (IPv6 hosts in brackets) as host and port, for
+/// the simulators that publish over MQTT.
+pub(crate) fn broker_endpoint(broker: &str) -> Result<(String, u16)> {
+    let bad = || Error::InvalidConfig(vec![format!("broker: {broker:?}: expected HOST:PORT")]);
+    let (host, port) = broker.rsplit_once(':').ok_or_else(bad)?;
+    let port = port.parse::<u16>().map_err(|_| bad())?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host.to_owned(), port))
+}
+
 pub use proxy::link::{LinkConfig, PartitionWindow};
 pub use proxy::stats::{DirectionStats, ProxyStats};
 pub use proxy::{FlakyProxy, PartitionMode, PartitionState, Protocol, ProxyConfig, ProxyHandle};

@@ -101,15 +101,7 @@ impl RfidArgs {
     }
 
     fn endpoint(&self) -> Result<(String, u16)> {
-        let bad =
-            || Error::InvalidConfig(vec![format!("broker: {:?}: expected HOST:PORT", self.broker)]);
-        let (host, port) = self.broker.rsplit_once(':').ok_or_else(bad)?;
-        let port = port.parse::<u16>().map_err(|_| bad())?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(bad());
-        }
-        Ok((host.to_owned(), port))
+        crate::broker_endpoint(&self.broker)
     }
 }
 
