@@ -22,34 +22,25 @@ const HTTP_EVENTS: u64 = 200;
 /// Events of a gateway batch.
 const GATEWAY_EVENTS: u64 = 50;
 
-/// One cluster at a time: two (ten processes) on two cores made 18.16
-/// crash in its ZooKeeper client.
+/// One cluster at a time: two are ten processes on two cores.
 static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn start() -> (Cluster, Cloud) {
-    // Debian's 18.16 sometimes dies of a segmentation fault in its
-    // ZooKeeper client (`zkutil::ZooKeeper::createImpl`, NULL session)
-    // while a fresh cluster sets itself up; a crashed setup is started
-    // again, anything else fails the test.
-    for _ in 0..5 {
-        let cluster = Cluster::start(2, 2).await.expect("a private 2×2 ClickHouse cluster");
-        let cloud = Cloud::start(&[
-            ("OPGRAPH_STORE", "clickhouse".to_owned()),
-            ("OPGRAPH_CLICKHOUSE_URL", cluster.entry().url()),
-            ("OPGRAPH_CLICKHOUSE_DATABASE", DATABASE.to_owned()),
-            ("OPGRAPH_CLICKHOUSE_CLUSTER", CLUSTER.to_owned()),
-        ])
-        .await;
-        let logs: Vec<String> = cluster.nodes.iter().flatten().map(|n| n.log_tail()).collect();
-        match cloud {
-            Ok(cloud) => return (cluster, cloud),
-            Err(_) if logs.iter().any(|l| l.contains("Segmentation fault")) => {
-                eprintln!("clickhouse-server 18.16 crashed setting the cluster up; again");
-            }
-            Err(e) => panic!("cloud on the cluster: {e}\nnode logs:\n{}", logs.join("\n---\n")),
+    let cluster = Cluster::start(2, 2).await.expect("a private 2×2 ClickHouse cluster");
+    let cloud = Cloud::start(&[
+        ("OPGRAPH_STORE", "clickhouse".to_owned()),
+        ("OPGRAPH_CLICKHOUSE_URL", cluster.entry().url()),
+        ("OPGRAPH_CLICKHOUSE_DATABASE", DATABASE.to_owned()),
+        ("OPGRAPH_CLICKHOUSE_CLUSTER", CLUSTER.to_owned()),
+    ])
+    .await;
+    match cloud {
+        Ok(cloud) => (cluster, cloud),
+        Err(e) => {
+            let logs: Vec<String> = cluster.nodes.iter().flatten().map(|n| n.log_tail()).collect();
+            panic!("cloud on the cluster: {e}\nnode logs:\n{}", logs.join("\n---\n"))
         }
     }
-    panic!("clickhouse-server crashed at every cluster setup")
 }
 
 async fn post(cloud: &Cloud, path: &str, body: &Value) -> (StatusCode, Value) {
@@ -149,9 +140,6 @@ async fn local_count(node: &opgraph_tests::clickhouse::ClickHouse, table: &str) 
 }
 
 #[tokio::test]
-#[ignore = "Debian's clickhouse-server 18.16 segfaults in its ZooKeeper client \
-            (zkutil::ZooKeeper::createImpl) in most fresh cluster setups here; \
-            run with --ignored (docs/storage.md)"]
 async fn events_spread_over_shards_and_replicas_and_answers_stay_exact() {
     let _one = ONE_CLUSTER.lock().await;
     let (cluster, cloud) = start().await;
@@ -252,9 +240,6 @@ async fn events_spread_over_shards_and_replicas_and_answers_stay_exact() {
 }
 
 #[tokio::test]
-#[ignore = "Debian's clickhouse-server 18.16 segfaults in its ZooKeeper client \
-            (zkutil::ZooKeeper::createImpl) in most fresh cluster setups here; \
-            run with --ignored (docs/storage.md)"]
 async fn a_lost_replica_keeps_reads_exact_and_holds_acks_until_it_returns() {
     let _one = ONE_CLUSTER.lock().await;
     let (mut cluster, cloud) = start().await;
