@@ -324,7 +324,7 @@ impl ClickHouseStore {
         }
         let mut server = client_for(&config.url)?;
         let cluster = match &config.cluster {
-            Some(name) => Some(cluster::Cluster::read(&server, name).await?),
+            Some(name) => Some(cluster::Cluster::read(&server, name, &config.database).await?),
             None => None,
         };
         let on_cluster = cluster.as_ref().map(|c| format!(" ON CLUSTER {}", c.name));
@@ -779,8 +779,14 @@ mod tests {
                 _ => c::governance(&store).await,
             }
         }
-        let emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();
+        let mut emitted: Vec<String> = EMITTED.lock().unwrap().iter().cloned().collect();
         assert!(emitted.len() > 20, "{emitted:?}");
+        // The cluster layout's DDL and mutations as well, as far as one
+        // process can run them (check_current.py).
+        let cluster = Cluster { name: "opgraph".into(), database: "opgraph".into(), replicas: 2 };
+        emitted.extend(cluster.statements("opgraph", &schema_statements()).unwrap());
+        emitted
+            .push(format!("ALTER TABLE {} DELETE WHERE id = 'x'", cluster.local_table("events")));
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("statements.json");
         std::fs::write(&file, serde_json::to_string(&emitted).unwrap()).unwrap();

@@ -32,6 +32,9 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct Cluster {
     pub name: String,
+    /// The store's database: `ON CLUSTER` DDL runs on the other nodes
+    /// without the session's current database (18.16), so it names it.
+    pub database: String,
     /// Replicas per shard (the most any shard has).
     pub replicas: u64,
 }
@@ -43,9 +46,10 @@ struct ClusterRead {
 }
 
 impl Cluster {
-    /// The cluster `name` as the server at `client` knows it; an error when
-    /// its `remote_servers` do not define it.
-    pub(super) async fn read(client: &Client, name: &str) -> Result<Cluster> {
+    /// The cluster `name` as the server at `client` knows it, for the
+    /// store's `database`; an error when its `remote_servers` do not define
+    /// it.
+    pub(super) async fn read(client: &Client, name: &str, database: &str) -> Result<Cluster> {
         if !super::plain_identifier(name) {
             return Err(Error::validation(
                 "store.clickhouse_cluster",
@@ -75,7 +79,11 @@ impl Cluster {
             replicas = read.replicas,
             "ClickHouse cluster"
         );
-        Ok(Cluster { name: name.to_owned(), replicas: read.replicas })
+        Ok(Cluster {
+            name: name.to_owned(),
+            database: database.to_owned(),
+            replicas: read.replicas,
+        })
     }
 
     /// Settings sent with every query.
@@ -85,6 +93,11 @@ impl Cluster {
             // The first live replica of each shard in configuration order
             // serves reads and inserts alike.
             ("load_balancing", "in_order".to_owned()),
+            // Replicated tables drop an inserted block identical to a recent
+            // one. Identical blocks are legitimate here (two syncs adding
+            // the same usage increment, identical edge observations) and
+            // the store makes appends exactly-once itself, as on one server.
+            ("insert_deduplicate", "0".to_owned()),
         ];
         if self.replicas > 1 {
             options.push(("insert_quorum", self.replicas.to_string()));
@@ -93,6 +106,14 @@ impl Cluster {
             options.push(("insert_quorum_timeout", "25000".to_owned()));
         }
         options
+    }
+
+    /// `<database>.<table>_local ON CLUSTER <name>`: where an `ALTER` of
+    /// `table` goes (a Distributed table takes no mutation). On replicated
+    /// tables ClickHouse runs it on one replica per shard and the others
+    /// follow through the replication log.
+    pub(super) fn local_table(&self, table: &str) -> String {
+        format!("{}.{table}_local ON CLUSTER {}", self.database, self.name)
     }
 
     /// The statements of `schema.sql` for this cluster: each table as a
@@ -192,7 +213,7 @@ mod tests {
     use super::*;
 
     fn cluster(replicas: u64) -> Cluster {
-        Cluster { name: "opgraph".into(), replicas }
+        Cluster { name: "opgraph".into(), database: "db".into(), replicas }
     }
 
     #[test]
@@ -245,11 +266,17 @@ mod tests {
     }
 
     #[test]
+    fn mutations_go_to_every_shards_local_table() {
+        assert_eq!(cluster(2).local_table("events"), "db.events_local ON CLUSTER opgraph");
+    }
+
+    #[test]
     fn quorum_only_with_replicas() {
         let options =
             |replicas| cluster(replicas).options().into_iter().map(|(k, _)| k).collect::<Vec<_>>();
         assert!(!options(1).contains(&"insert_quorum"));
         assert!(options(2).contains(&"insert_quorum"));
         assert!(options(1).contains(&"insert_distributed_sync"));
+        assert!(options(1).contains(&"insert_deduplicate"));
     }
 }
