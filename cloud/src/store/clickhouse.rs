@@ -47,6 +47,7 @@ use super::{
 use crate::auth::Scope;
 use crate::error::{Error, Result};
 pub use cluster::Cluster;
+pub use events::{EventRow, to_row};
 
 /// The schema, applied statement by statement at every start.
 pub const SCHEMA: &str = include_str!("../../../deploy/clickhouse/schema.sql");
@@ -84,6 +85,7 @@ pub struct ClickHouseStore {
     /// On a replicated cluster, one insert per table at a time (quorum
     /// inserts into one table must not overlap on ClickHouse 18.16).
     table_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    sessions: gateway::KnownSessions,
 }
 
 /// Versions and insertion order: wall-clock microseconds, strictly
@@ -113,8 +115,9 @@ pub fn plain_identifier(name: &str) -> bool {
         && name.len() <= 64
 }
 
-/// The client for `url`, with credentials moved from the URL into headers.
-fn client_for(url: &str) -> Result<Client> {
+/// The client for `url`, with credentials moved from the URL into headers
+/// (public for the insert benchmark's raw baseline).
+pub fn client_for(url: &str) -> Result<Client> {
     let mut parsed = url::Url::parse(url)
         .map_err(|e| Error::validation("store.clickhouse_url", format!("{e}: {url:?}")))?;
     if !matches!(parsed.scheme(), "http" | "https") {
@@ -124,7 +127,7 @@ fn client_for(url: &str) -> Result<Client> {
     let password = parsed.password().map(str::to_owned);
     let _ = parsed.set_username("");
     let _ = parsed.set_password(None);
-    let mut client = Client::default()
+    let mut client = nodelay_client()
         .with_url(parsed.as_str().trim_end_matches('/'))
         // 18.16 lacks RowBinaryWithNamesAndTypes, which validation needs.
         .with_validation(false);
@@ -135,6 +138,24 @@ fn client_for(url: &str) -> Result<Client> {
         client = client.with_password(password);
     }
     Ok(client)
+}
+
+/// The crate's default HTTP client with `TCP_NODELAY`: without it each
+/// small insert (a session, a usage row) waits out the peer's delayed ACK
+/// (~40 ms on Linux) before its last chunk leaves, which capped a gateway
+/// at ~15 batches/s whatever their size.
+fn nodelay_client() -> Client {
+    use hyper_util::client::legacy::{self, connect::HttpConnector};
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    // The crate's defaults: keep-alive probes, and idle connections closed
+    // before the server's 3 s keep-alive timeout does it under a request.
+    connector.set_keepalive(Some(Duration::from_secs(60)));
+    Client::with_http_client(
+        legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(2))
+            .build(connector),
+    )
 }
 
 /// Network failures and overload are worth a retry later; the rest is a bug
@@ -391,6 +412,7 @@ impl ClickHouseStore {
             businesses: Mutex::new(HashSet::new()),
             cluster,
             table_locks: Mutex::new(HashMap::new()),
+            sessions: gateway::KnownSessions::default(),
         })
     }
 

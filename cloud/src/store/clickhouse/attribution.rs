@@ -4,6 +4,7 @@
 //! within the lookback, by model, exactly as the embedded store's window
 //! frames do (docs/queries.md).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use clickhouse::Row;
@@ -37,16 +38,20 @@ struct TouchRead {
 impl TouchRead {
     /// The touchpoint's key in each dimension: source, campaign, channel,
     /// entity (`type:id`, or the id alone).
-    fn keys(&self) -> [String; 4] {
-        let part = |s: &str| if s.is_empty() { "(none)".to_owned() } else { s.to_owned() };
+    fn keys(&self) -> [Cow<'_, str>; 4] {
+        fn part(s: &str) -> Cow<'_, str> {
+            if s.is_empty() { NONE } else { s }.into()
+        }
         let entity = match (self.object_type.as_str(), self.object_id.as_str()) {
-            (_, "") => "(none)".to_owned(),
-            ("", id) => id.to_owned(),
-            (kind, id) => format!("{kind}:{id}"),
+            (_, "") => NONE.into(),
+            ("", id) => id.into(),
+            (kind, id) => format!("{kind}:{id}").into(),
         };
         [part(&self.source), part(&self.campaign), part(&self.channel), entity]
     }
 }
+
+const NONE: &str = "(none)";
 
 pub(super) async fn attribution(
     store: &ClickHouseStore,
@@ -62,30 +67,41 @@ pub(super) async fn attribution(
     if let Some(event) = &q.conversion_event {
         query = query.bind(event.as_str());
     }
-    let conversions: Vec<ConversionRead> = run(query.sent().fetch_all()).await?;
 
     let reach = Range { from: q.range.from.saturating_sub(q.lookback_ms), to: q.range.to };
-    let filter = super::queries::Filter::new(ws, business, None, Some(reach));
-    let sql = format!(
+    let touch_filter = super::queries::Filter::new(ws, business, None, Some(reach));
+    let touch_sql = format!(
         "SELECT actor_id, ts, seq, source, campaign, channel, object_type, object_id
          FROM events WHERE {} AND actor_id != ''
             AND (source != '' OR campaign != '' OR channel != '')",
-        filter.sql
+        touch_filter.sql
     );
-    let touches: Vec<TouchRead> = run(filter.query(store, &sql).sent().fetch_all()).await?;
+    // Independent reads: the server runs them side by side.
+    let (conversions, touches): (Vec<ConversionRead>, Vec<TouchRead>) = tokio::try_join!(
+        run(query.sent().fetch_all()),
+        run(touch_filter.query(store, &touch_sql).sent().fetch_all()),
+    )?;
 
+    // Rows are looked up by borrowed key: a touchpoint allocates only
+    // for a key not seen before.
     let mut dims: [HashMap<String, AttributionRow>; 4] = Default::default();
-    let mut credit = |keys: [String; 4], conversions: f64, revenue: f64, touchpoints: u64| {
+    let mut credit = |keys: [Cow<'_, str>; 4], conversions: f64, revenue: f64, touchpoints: u64| {
         for (dim, key) in dims.iter_mut().zip(keys) {
-            let row = dim.entry(key.clone()).or_insert(AttributionRow {
-                key,
-                touchpoints: 0,
-                conversions: 0.0,
-                revenue: 0.0,
-            });
-            row.conversions += conversions;
-            row.revenue += revenue;
-            row.touchpoints += touchpoints;
+            if !dim.contains_key(key.as_ref()) {
+                let key = key.clone().into_owned();
+                let row = AttributionRow {
+                    key: key.clone(),
+                    touchpoints: 0,
+                    conversions: 0.0,
+                    revenue: 0.0,
+                };
+                dim.insert(key, row);
+            }
+            if let Some(row) = dim.get_mut(key.as_ref()) {
+                row.conversions += conversions;
+                row.revenue += revenue;
+                row.touchpoints += touchpoints;
+            }
         }
     };
     for t in touches.iter().filter(|t| t.ts >= q.range.from) {

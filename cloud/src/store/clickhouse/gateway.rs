@@ -2,13 +2,21 @@
 //! batch's events, under the workspace's lock. A crash between the two
 //! leaves the ack behind the data; the redelivered batch then finds its
 //! event ids stored and adds nothing (see [`super::events::stored_ids`]).
+//!
+//! Sessions are kept in memory once read or written: the workspace's lock
+//! is this process's already, so no other writer can move them (one cloud
+//! process per workspace, see `docs/storage.md`), and a batch then costs
+//! no query for its session.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 
 use super::{ClickHouseStore, Sent, events, run};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::NewEvent;
 use crate::store::gateway::{BatchCommit, GatewaySession, GatewayStore};
 
@@ -23,15 +31,44 @@ struct SessionRow<'a> {
     version: u64,
 }
 
-#[derive(Row, Deserialize)]
+#[derive(Row, Deserialize, Clone)]
 struct SessionRead {
     epoch: u64,
     acked_sequence: u64,
     buffer_id: String,
 }
 
+/// Sessions as this process last read or wrote them, by workspace and
+/// gateway.
+#[derive(Default)]
+pub(super) struct KnownSessions(Mutex<HashMap<(String, String), SessionRead>>);
+
+impl KnownSessions {
+    fn map(&self) -> Result<std::sync::MutexGuard<'_, HashMap<(String, String), SessionRead>>> {
+        self.0.lock().map_err(|_| Error::internal("gateway sessions poisoned"))
+    }
+
+    fn get(&self, ws: &str, gateway: &str) -> Result<Option<SessionRead>> {
+        Ok(self.map()?.get(&(ws.to_owned(), gateway.to_owned())).cloned())
+    }
+
+    /// `None` forgets the session: its next use reads it back.
+    fn set(&self, ws: &str, gateway: &str, session: Option<SessionRead>) -> Result<()> {
+        let key = (ws.to_owned(), gateway.to_owned());
+        let mut map = self.map()?;
+        match session {
+            Some(session) => map.insert(key, session),
+            None => map.remove(&key),
+        };
+        Ok(())
+    }
+}
+
 impl ClickHouseStore {
     async fn load_session(&self, ws: &str, gateway: &str) -> Result<Option<SessionRead>> {
+        if let Some(known) = self.sessions.get(ws, gateway)? {
+            return Ok(Some(known));
+        }
         let rows: Vec<SessionRead> = run(self
             .client
             .query(
@@ -45,7 +82,11 @@ impl ClickHouseStore {
             .sent()
             .fetch_all())
         .await?;
-        Ok(rows.into_iter().next())
+        let stored = rows.into_iter().next();
+        if stored.is_some() {
+            self.sessions.set(ws, gateway, stored.clone())?;
+        }
+        Ok(stored)
     }
 
     async fn save_session(
@@ -64,7 +105,15 @@ impl ClickHouseStore {
             updated_at: crate::now_ms(),
             version: self.clock.next(),
         };
-        self.insert_rows::<SessionRow<'_>>("gateway_sessions", &[row]).await
+        let saved = self.insert_rows::<SessionRow<'_>>("gateway_sessions", &[row]).await;
+        // A failed insert may still have landed: read it back next time.
+        let known = saved.is_ok().then(|| SessionRead {
+            epoch: session.epoch,
+            acked_sequence: session.acked_sequence,
+            buffer_id: buffer_id.to_owned(),
+        });
+        self.sessions.set(ws, gateway, known)?;
+        saved
     }
 }
 
@@ -135,10 +184,16 @@ impl GatewayStore for ClickHouseStore {
         let inserted = if fresh.is_empty() {
             0
         } else {
-            events::store_rows(self, workspace_id, fresh).await?.1
+            events::store_rows_uncounted(self, workspace_id, fresh).await?.1
         };
+        // Usage beside the acknowledgement: either failing returns an error
+        // and the redelivered batch finds its events stored, which usage
+        // never counts twice (nor, as before, at all).
         let next = GatewaySession { epoch, acked_sequence: last };
-        self.save_session(workspace_id, gateway_id, next, &session.buffer_id).await?;
+        tokio::try_join!(
+            self.count_events_ingested(workspace_id, inserted),
+            self.save_session(workspace_id, gateway_id, next, &session.buffer_id),
+        )?;
         Ok(BatchCommit::Acked { acked_sequence: last, inserted })
     }
 }
