@@ -145,6 +145,67 @@ fn web(i: u64, seed: u64) -> Event {
     e
 }
 
+/// The query endpoints a benchmark times over a history, as (label,
+/// method, path, JSON body): the calls an operator's dashboard makes.
+pub fn query_cases() -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    let steps = json!([{"event": "page.view"}, {"event": "cart.add"}, {"event": "order.created"}]);
+    vec![
+        ("metrics: all events, 30 days", "POST", "/api/metrics/query", json!({})),
+        (
+            "metrics: all events, without uniqueActors",
+            "POST",
+            "/api/metrics/query",
+            json!({"uniqueActors": false}),
+        ),
+        (
+            "metrics: one event, daily series",
+            "POST",
+            "/api/metrics/query",
+            json!({"eventName": "order.created", "interval": "day"}),
+        ),
+        ("funnel: 3 steps, 30 days", "POST", "/api/funnels/query", json!({"steps": steps})),
+        (
+            "attribution: linear, 30 days",
+            "POST",
+            "/api/attribution/query",
+            json!({"model": "linear", "conversionEvent": "order.created"}),
+        ),
+        (
+            "search: a robot id",
+            "POST",
+            "/api/analytics/event-search",
+            json!({"query": "robot-17", "limit": 100}),
+        ),
+        (
+            "search: an EPC fragment",
+            "POST",
+            "/api/analytics/event-search",
+            json!({"query": "F87ABC", "limit": 100}),
+        ),
+        ("what's changed: 7 days", "POST", "/api/analytics/whats-changed", json!({})),
+        ("business health", "GET", "/api/businesses/default/health?limit=20", Value::Null),
+        ("usage", "GET", "/api/usage", Value::Null),
+        (
+            "agent context: summarize",
+            "POST",
+            "/api/intelligence/agent-context",
+            json!({"mode": "summarize", "limit": 20}),
+        ),
+        (
+            "graphql: events(limit: 100)",
+            "POST",
+            "/api/graphql",
+            json!({"query": "{ events(limit: 100) { id event timestamp actorId } }"}),
+        ),
+        (
+            "graphql: workflowStatus",
+            "POST",
+            "/api/graphql",
+            json!({"query": "{ workflowStatus(workflowId: \"msn-00000010\") { status events } }"}),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

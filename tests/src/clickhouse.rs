@@ -32,6 +32,8 @@ pub struct ClickHouse {
     /// Configuration elements added to the generated `config.xml` (a
     /// cluster node's `remote_servers`, `macros`, `zookeeper`).
     extra_config: String,
+    /// Settings of the default user's profile.
+    profile: &'static str,
 }
 
 /// Where Debian puts the server, or `None` when it is not installed.
@@ -57,13 +59,26 @@ impl ClickHouse {
     /// Starts a fresh, empty server and waits until it answers `/ping`.
     /// Fails (never skips) when the server is not installed.
     pub async fn start() -> Result<ClickHouse> {
+        Self::start_fresh(String::new(), "").await
+    }
+
+    /// [`Self::start`] with every query of every user written to
+    /// `system.query_log` (flushed by `SYSTEM FLUSH LOGS`), for benchmarks
+    /// that replay the SQL a process sent.
+    pub async fn start_logging_queries() -> Result<ClickHouse> {
+        let query_log = "    <query_log><database>system</database><table>query_log</table>\
+                         <flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>";
+        Self::start_fresh(query_log.to_owned(), "<log_queries>1</log_queries>").await
+    }
+
+    async fn start_fresh(extra_config: String, profile: &'static str) -> Result<ClickHouse> {
         let binary = server_binary().context(
             "clickhouse-server is not installed: run `bash deploy/scripts/install-test-deps.sh` \
              (Debian's clickhouse-server package), as the project's test command does",
         )?;
         let dir = tempfile::Builder::new().prefix("opgraph-clickhouse-").tempdir()?;
         let mut server =
-            ClickHouse { child: None, dir, http_port: 0, tcp_port: 0, extra_config: String::new() };
+            ClickHouse { child: None, dir, http_port: 0, tcp_port: 0, extra_config, profile };
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             server.http_port = free_port()?;
@@ -85,7 +100,8 @@ impl ClickHouse {
     ) -> Result<ClickHouse> {
         let binary = server_binary().context("clickhouse-server is not installed")?;
         let dir = tempfile::Builder::new().prefix("opgraph-clickhouse-").tempdir()?;
-        let mut server = ClickHouse { child: None, dir, http_port, tcp_port, extra_config };
+        let mut server =
+            ClickHouse { child: None, dir, http_port, tcp_port, extra_config, profile: "" };
         server.launch(&binary).await?;
         Ok(server)
     }
@@ -122,7 +138,7 @@ impl ClickHouse {
         }
         let config = root.join("config.xml");
         std::fs::write(&config, self.config_xml())?;
-        std::fs::write(root.join("users.xml"), USERS_XML)?;
+        std::fs::write(root.join("users.xml"), USERS_XML.replace("{profile}", self.profile))?;
         let child = Command::new(binary)
             .arg(format!("--config-file={}", config.display()))
             .current_dir(root)
@@ -218,7 +234,7 @@ impl Drop for ClickHouse {
 /// One passwordless user reachable from loopback only.
 const USERS_XML: &str = r#"<?xml version="1.0"?>
 <yandex>
-    <profiles><default></default></profiles>
+    <profiles><default>{profile}</default></profiles>
     <users>
         <default>
             <password></password>

@@ -18,8 +18,7 @@ use opgraph_cloud::store::NewEvent;
 use opgraph_cloud::store::embedded::{
     append_in_transaction, open_writer_connection, prepare_events,
 };
-use opgraph_simulators::history::{HistoryConfig, event};
-use serde_json::{Value, json};
+use opgraph_simulators::history::{HistoryConfig, event, query_cases};
 
 #[derive(Parser)]
 #[command(about = "Generate a long event history and benchmark the query API on it")]
@@ -130,71 +129,11 @@ fn progress(done: u64, total: u64, elapsed: Duration) {
     let _ = std::io::stderr().flush();
 }
 
-/// The requests timed: (label, method, path, body).
-fn cases() -> Vec<(&'static str, &'static str, &'static str, Value)> {
-    let steps = json!([{"event": "page.view"}, {"event": "cart.add"}, {"event": "order.created"}]);
-    vec![
-        ("metrics: all events, 30 days", "POST", "/api/metrics/query", json!({})),
-        (
-            "metrics: all events, without uniqueActors",
-            "POST",
-            "/api/metrics/query",
-            json!({"uniqueActors": false}),
-        ),
-        (
-            "metrics: one event, daily series",
-            "POST",
-            "/api/metrics/query",
-            json!({"eventName": "order.created", "interval": "day"}),
-        ),
-        ("funnel: 3 steps, 30 days", "POST", "/api/funnels/query", json!({"steps": steps})),
-        (
-            "attribution: linear, 30 days",
-            "POST",
-            "/api/attribution/query",
-            json!({"model": "linear", "conversionEvent": "order.created"}),
-        ),
-        (
-            "search: a robot id",
-            "POST",
-            "/api/analytics/event-search",
-            json!({"query": "robot-17", "limit": 100}),
-        ),
-        (
-            "search: an EPC fragment",
-            "POST",
-            "/api/analytics/event-search",
-            json!({"query": "F87ABC", "limit": 100}),
-        ),
-        ("what's changed: 7 days", "POST", "/api/analytics/whats-changed", json!({})),
-        ("business health", "GET", "/api/businesses/default/health?limit=20", Value::Null),
-        ("usage", "GET", "/api/usage", Value::Null),
-        (
-            "agent context: summarize",
-            "POST",
-            "/api/intelligence/agent-context",
-            json!({"mode": "summarize", "limit": 20}),
-        ),
-        (
-            "graphql: events(limit: 100)",
-            "POST",
-            "/api/graphql",
-            json!({"query": "{ events(limit: 100) { id event timestamp actorId } }"}),
-        ),
-        (
-            "graphql: workflowStatus",
-            "POST",
-            "/api/graphql",
-            json!({"query": "{ workflowStatus(workflowId: \"msn-00000010\") { status events } }"}),
-        ),
-    ]
-}
-
 async fn bench(url: &str, key: &str, runs: usize) -> Result<()> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(300)).build()?;
     println!("| query | p50 | p95 | max |");
     println!("|---|---|---|---|");
-    for (label, method, path, body) in cases() {
+    for (label, method, path, body) in query_cases() {
         let mut times = Vec::with_capacity(runs);
         for i in 0..=runs {
             let request = match method {
