@@ -368,6 +368,27 @@ pub async fn attribution_linear(store: &dyn Store) {
     assert_eq!((none.conversions, none.by_source.len()), (0, 0));
 }
 
+/// Touchpoints of actors who never convert count, and get no credit.
+pub async fn attribution_counts_touchpoints_without_conversions(store: &dyn Store) {
+    let ws = "ws_conformance_touches";
+    store
+        .create_workspace(&Workspace { id: ws.into(), name: ws.into(), created_at: T })
+        .await
+        .unwrap();
+    let events = vec![
+        click(8, T + H, "display", "autumn", "banner", Some("ad-autumn")),
+        click(8, T + 2 * H, "display", "autumn", "banner", None),
+        click(9, T + H, "google", "spring", "search", None),
+        order(9, T + 2 * H, 40.0),
+    ];
+    let request = AppendRequest { events: to_events(events), idempotency_key: None };
+    store.append_events(ws, request).await.unwrap();
+    let a = store.attribution(ws, &attribution_query(AttributionModel::Linear)).await.unwrap();
+    assert_eq!((a.conversions, a.revenue, a.unattributed), (1, 40.0, 0));
+    assert_eq!(rows(&a.by_source), [("google", 1, 1.0, 40.0), ("display", 2, 0.0, 0.0)]);
+    assert_eq!(rows(&a.by_entity), [("(none)", 2, 1.0, 40.0), ("ad:ad-autumn", 1, 0.0, 0.0)]);
+}
+
 pub async fn period_diff(store: &dyn Store) {
     let totals = |range| TotalsQuery { range: Some(range), limit: 10_000, ..Default::default() };
     let current = store.event_totals(WS, &totals(DAY1)).await.unwrap();
@@ -1118,7 +1139,8 @@ macro_rules! store_conformance {
             workspaces_and_keys, list_events, appends_are_idempotent, usage_counters,
             gateway_batches,
             totals, totals_at_unaligned_edges, series, funnel, attribution_first_touch,
-            attribution_last_touch, attribution_linear, period_diff, search, runs_and_actors,
+            attribution_last_touch, attribution_linear,
+            attribution_counts_touchpoints_without_conversions, period_diff, search, runs_and_actors,
             proof_gaps, metric_definitions_and_snapshots, businesses, entities_and_relationships,
             governance);
     };

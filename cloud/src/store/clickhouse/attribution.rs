@@ -1,8 +1,10 @@
-//! Attribution on ClickHouse: ClickHouse selects the conversions and the
-//! touchpoints of the range (and the lookback before it); the cloud gives
-//! each conversion's credit to its actor's touchpoints at or before it
-//! within the lookback, by model, exactly as the embedded store's window
-//! frames do (docs/queries.md).
+//! Attribution on ClickHouse: ClickHouse selects the conversions of the
+//! range, counts the range's touchpoints by key, and selects the
+//! touchpoints (range and lookback) of the actors that converted; the
+//! cloud gives each conversion's credit to its actor's touchpoints at or
+//! before it within the lookback, by model, exactly as the embedded store's
+//! window frames do (docs/queries.md). Only converting actors' touchpoints
+//! cross the wire: on a large range most touchpoints lead nowhere.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -23,6 +25,23 @@ struct ConversionRead {
     revenue: f64,
 }
 
+/// A touchpoint's key in each dimension: source, campaign, channel, entity
+/// (`type:id`, or the id alone).
+fn keys<'a>(
+    [source, campaign, channel, object_type, object_id]: [&'a str; 5],
+) -> [Cow<'a, str>; 4] {
+    fn part(s: &str) -> Cow<'_, str> {
+        if s.is_empty() { NONE } else { s }.into()
+    }
+    let entity = match (object_type, object_id) {
+        (_, "") => NONE.into(),
+        ("", id) => id.into(),
+        (kind, id) => format!("{kind}:{id}").into(),
+    };
+    [part(source), part(campaign), part(channel), entity]
+}
+
+/// Columns in [`keys`]' order; rows are read by position.
 #[derive(Row, Deserialize)]
 struct TouchRead {
     actor_id: String,
@@ -36,20 +55,29 @@ struct TouchRead {
 }
 
 impl TouchRead {
-    /// The touchpoint's key in each dimension: source, campaign, channel,
-    /// entity (`type:id`, or the id alone).
     fn keys(&self) -> [Cow<'_, str>; 4] {
-        fn part(s: &str) -> Cow<'_, str> {
-            if s.is_empty() { NONE } else { s }.into()
-        }
-        let entity = match (self.object_type.as_str(), self.object_id.as_str()) {
-            (_, "") => NONE.into(),
-            ("", id) => id.into(),
-            (kind, id) => format!("{kind}:{id}").into(),
-        };
-        [part(&self.source), part(&self.campaign), part(&self.channel), entity]
+        keys([&self.source, &self.campaign, &self.channel, &self.object_type, &self.object_id])
     }
 }
+
+#[derive(Row, Deserialize)]
+struct TouchCount {
+    source: String,
+    campaign: String,
+    channel: String,
+    object_type: String,
+    object_id: String,
+    touchpoints: u64,
+}
+
+impl TouchCount {
+    fn keys(&self) -> [Cow<'_, str>; 4] {
+        keys([&self.source, &self.campaign, &self.channel, &self.object_type, &self.object_id])
+    }
+}
+
+const KEY_COLUMNS: &str = "source, campaign, channel, object_type, object_id";
+const IS_TOUCH: &str = "actor_id != '' AND (source != '' OR campaign != '' OR channel != '')";
 
 const NONE: &str = "(none)";
 
@@ -61,25 +89,36 @@ pub(super) async fn attribution(
     let business = q.business_id.as_deref();
     let conversion = if q.conversion_event.is_some() { "event = ?" } else { "has_revenue = 1" };
     let filter = super::queries::Filter::new(ws, business, None, Some(q.range));
-    let sql =
-        format!("SELECT actor_id, ts, revenue FROM events WHERE {} AND {conversion}", filter.sql);
-    let mut query = filter.query(store, &sql);
-    if let Some(event) = &q.conversion_event {
-        query = query.bind(event.as_str());
-    }
+    let conversions_sql = format!("events WHERE {} AND {conversion}", filter.sql);
+    let converted = |query: clickhouse::query::Query| {
+        let query = filter.bind(query);
+        match &q.conversion_event {
+            Some(event) => query.bind(event.as_str()),
+            None => query,
+        }
+    };
+    let query = converted(
+        store.client.query(&format!("SELECT actor_id, ts, revenue FROM {conversions_sql}")),
+    );
 
+    let count_sql = format!(
+        "SELECT {KEY_COLUMNS}, count() FROM events WHERE {} AND {IS_TOUCH} GROUP BY {KEY_COLUMNS}",
+        filter.sql
+    );
     let reach = Range { from: q.range.from.saturating_sub(q.lookback_ms), to: q.range.to };
     let touch_filter = super::queries::Filter::new(ws, business, None, Some(reach));
+    // GLOBAL: on a cluster the subquery runs once, over every shard.
     let touch_sql = format!(
-        "SELECT actor_id, ts, seq, source, campaign, channel, object_type, object_id
-         FROM events WHERE {} AND actor_id != ''
-            AND (source != '' OR campaign != '' OR channel != '')",
+        "SELECT actor_id, ts, seq, {KEY_COLUMNS} FROM events WHERE {} AND {IS_TOUCH}
+            AND actor_id GLOBAL IN (SELECT actor_id FROM {conversions_sql})",
         touch_filter.sql
     );
+    let touch_query = converted(touch_filter.query(store, &touch_sql));
     // Independent reads: the server runs them side by side.
-    let (conversions, touches): (Vec<ConversionRead>, Vec<TouchRead>) = tokio::try_join!(
+    let (conversions, counts, touches): (Vec<ConversionRead>, Vec<TouchCount>, Vec<TouchRead>) = tokio::try_join!(
         run(query.sent().fetch_all()),
-        run(touch_filter.query(store, &touch_sql).sent().fetch_all()),
+        run(filter.query(store, &count_sql).sent().fetch_all()),
+        run(touch_query.sent().fetch_all()),
     )?;
 
     // Rows are looked up by borrowed key: a touchpoint allocates only
@@ -104,8 +143,8 @@ pub(super) async fn attribution(
             }
         }
     };
-    for t in touches.iter().filter(|t| t.ts >= q.range.from) {
-        credit(t.keys(), 0.0, 0.0, 1);
+    for c in &counts {
+        credit(c.keys(), 0.0, 0.0, c.touchpoints);
     }
     let mut by_actor: HashMap<&str, Vec<&TouchRead>> = HashMap::new();
     for t in &touches {

@@ -78,7 +78,7 @@ impl Filter {
     }
 
     /// Binds the filter's values to the next placeholders of `query`.
-    fn bind(&self, mut query: clickhouse::query::Query) -> clickhouse::query::Query {
+    pub(super) fn bind(&self, mut query: clickhouse::query::Query) -> clickhouse::query::Query {
         for text in &self.texts {
             query = query.bind(text.as_str());
         }
