@@ -24,7 +24,8 @@
 //! Options (after `--`): `--only=insert|queries`, `--events=N` (200000 per
 //! side per round), `--batch=N` (1000), `--rounds=N` (3),
 //! `--query-events=N` (10000000), `--load-batch=N` (20000), `--runs=N` (5),
-//! `--show-sql` (print each replayed statement with its time).
+//! `--show-sql` (print each replayed statement with its time),
+//! `--case=TEXT` (only the query cases whose label contains TEXT).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::{Command, Stdio};
@@ -55,6 +56,7 @@ struct Options {
     load_batch: usize,
     runs: usize,
     show_sql: bool,
+    case: String,
 }
 
 fn options() -> Options {
@@ -67,6 +69,7 @@ fn options() -> Options {
         load_batch: 20_000,
         runs: 5,
         show_sql: false,
+        case: String::new(),
     };
     for arg in std::env::args().skip(1) {
         let (k, v) = arg.split_once('=').unwrap_or((arg.as_str(), ""));
@@ -80,6 +83,7 @@ fn options() -> Options {
             "--load-batch" => o.load_batch = number().max(1),
             "--runs" => o.runs = number().max(1),
             "--show-sql" => o.show_sql = true,
+            "--case" => o.case = v.to_owned(),
             "--bench" => {}
             other => panic!("unknown option {other} (see the header of benches/clickhouse.rs)"),
         }
@@ -340,6 +344,9 @@ async fn queries_part(o: &Options) {
     println!("| query | statements | opgraph p50 | clickhouse-client p50 | ratio | goal <= 1.3x |");
     println!("|---|---|---|---|---|---|");
     for (label, method, path, body) in query_cases() {
+        if !label.contains(o.case.as_str()) {
+            continue;
+        }
         // Flushed first: entries still buffered would land after the
         // truncation and count as this case's.
         control.query("SYSTEM FLUSH LOGS").execute().await.unwrap();

@@ -1,10 +1,9 @@
-//! Attribution on ClickHouse: ClickHouse selects the conversions of the
-//! range, counts the range's touchpoints by key, and selects the
-//! touchpoints (range and lookback) of the actors that converted; the
-//! cloud gives each conversion's credit to its actor's touchpoints at or
-//! before it within the lookback, by model, exactly as the embedded store's
-//! window frames do (docs/queries.md). Only converting actors' touchpoints
-//! cross the wire: on a large range most touchpoints lead nowhere.
+//! Attribution on ClickHouse, computed by the server: one statement gives
+//! each conversion's credit to its actor's touchpoints at or before it
+//! within the lookback, by model, exactly as the embedded store's window
+//! frames do (docs/queries.md), and sums the shares per touchpoint key;
+//! another counts the range's touchpoints per key. A few hundred rows cross
+//! the wire instead of every touchpoint of the range.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -19,9 +18,8 @@ use crate::store::queries::{
 };
 
 #[derive(Row, Deserialize)]
-struct ConversionRead {
-    actor_id: String,
-    ts: i64,
+struct ConversionTotals {
+    conversions: u64,
     revenue: f64,
 }
 
@@ -41,36 +39,21 @@ fn keys<'a>(
     [part(source), part(campaign), part(channel), entity]
 }
 
-/// Columns in [`keys`]' order; rows are read by position.
+/// One touchpoint key's sums: its touchpoints in the range (counted) or
+/// its share of the conversions and their revenue (credited).
 #[derive(Row, Deserialize)]
-struct TouchRead {
-    actor_id: String,
-    ts: i64,
-    seq: u64,
-    source: String,
-    campaign: String,
-    channel: String,
-    object_type: String,
-    object_id: String,
-}
-
-impl TouchRead {
-    fn keys(&self) -> [Cow<'_, str>; 4] {
-        keys([&self.source, &self.campaign, &self.channel, &self.object_type, &self.object_id])
-    }
-}
-
-#[derive(Row, Deserialize)]
-struct TouchCount {
+struct KeySums {
     source: String,
     campaign: String,
     channel: String,
     object_type: String,
     object_id: String,
     touchpoints: u64,
+    conversions: f64,
+    revenue: f64,
 }
 
-impl TouchCount {
+impl KeySums {
     fn keys(&self) -> [Cow<'_, str>; 4] {
         keys([&self.source, &self.campaign, &self.channel, &self.object_type, &self.object_id])
     }
@@ -89,7 +72,7 @@ pub(super) async fn attribution(
     let business = q.business_id.as_deref();
     let conversion = if q.conversion_event.is_some() { "event = ?" } else { "has_revenue = 1" };
     let filter = super::queries::Filter::new(ws, business, None, Some(q.range));
-    let conversions_sql = format!("events WHERE {} AND {conversion}", filter.sql);
+    let conversions = format!("events WHERE {} AND {conversion}", filter.sql);
     let converted = |query: clickhouse::query::Query| {
         let query = filter.bind(query);
         match &q.conversion_event {
@@ -97,35 +80,81 @@ pub(super) async fn attribution(
             None => query,
         }
     };
-    let query = converted(
-        store.client.query(&format!("SELECT actor_id, ts, revenue FROM {conversions_sql}")),
-    );
+    let totals =
+        converted(store.client.query(&format!("SELECT count(), sum(revenue) FROM {conversions}")));
 
     let count_sql = format!(
-        "SELECT {KEY_COLUMNS}, count() FROM events WHERE {} AND {IS_TOUCH} GROUP BY {KEY_COLUMNS}",
+        "SELECT {KEY_COLUMNS}, count(), toFloat64(0), toFloat64(0) FROM events
+         WHERE {} AND {IS_TOUCH} GROUP BY {KEY_COLUMNS}",
         filter.sql
     );
+    let counts = filter.query(store, &count_sql);
+
+    // Each conversion joins its actor's touchpoints, sorted by time and
+    // arrival; the window keeps those in [ts - lookback, ts], the model
+    // picks from it and splits the conversion evenly over the picks. The
+    // bounds reach the lambda as arrays: 18.16 loses a subquery's columns
+    // that only a lambda names.
+    // GLOBAL: on a cluster the right side and the subquery run once, over
+    // every shard.
     let reach = Range { from: q.range.from.saturating_sub(q.lookback_ms), to: q.range.to };
     let touch_filter = super::queries::Filter::new(ws, business, None, Some(reach));
-    // GLOBAL: on a cluster the subquery runs once, over every shard.
-    let touch_sql = format!(
-        "SELECT actor_id, ts, seq, {KEY_COLUMNS} FROM events WHERE {} AND {IS_TOUCH}
-            AND actor_id GLOBAL IN (SELECT actor_id FROM {conversions_sql})",
-        touch_filter.sql
+    let picked = match q.model {
+        AttributionModel::FirstTouch => "arraySlice(window, 1, 1)",
+        AttributionModel::LastTouch => "arraySlice(window, -1, 1)",
+        AttributionModel::Linear => "window",
+    };
+    let credit_sql = format!(
+        "SELECT tupleElement(touch, 1) AS source, tupleElement(touch, 2) AS campaign,
+            tupleElement(touch, 3) AS channel, tupleElement(touch, 4) AS object_type,
+            tupleElement(touch, 5) AS object_id,
+            toUInt64(0), sum(share), sum(share * revenue)
+         FROM (
+            SELECT revenue, 1 / length(picked) AS share, arrayJoin(picked) AS touch
+            FROM (
+                SELECT revenue, {picked} AS picked
+                FROM (
+                    SELECT revenue, arrayFilter(
+                        (t, start, end) -> tupleElement(t, 6) >= start AND tupleElement(t, 6) <= end,
+                        touches,
+                        arrayResize([start], length(touches), start),
+                        arrayResize([end], length(touches), end)) AS window
+                    FROM (
+                        SELECT actor_id, ts - {lookback} AS start, ts AS end, revenue
+                        FROM {conversions}
+                    ) AS conversion
+                    GLOBAL ALL INNER JOIN (
+                        SELECT actor_id, arraySort(
+                            t -> (tupleElement(t, 6), tupleElement(t, 7)),
+                            groupArray(({KEY_COLUMNS}, ts, seq))) AS touches
+                        FROM events WHERE {} AND {IS_TOUCH}
+                            AND actor_id GLOBAL IN (SELECT actor_id FROM {conversions})
+                        GROUP BY actor_id
+                    ) AS touched USING actor_id
+                )
+                WHERE notEmpty(window)
+            )
+         )
+         GROUP BY source, campaign, channel, object_type, object_id",
+        touch_filter.sql,
+        lookback = q.lookback_ms,
     );
-    let touch_query = converted(touch_filter.query(store, &touch_sql));
+    let credits = converted(touch_filter.bind(converted(store.client.query(&credit_sql))));
+
     // Independent reads: the server runs them side by side.
-    let (conversions, counts, touches): (Vec<ConversionRead>, Vec<TouchCount>, Vec<TouchRead>) = tokio::try_join!(
-        run(query.sent().fetch_all()),
-        run(filter.query(store, &count_sql).sent().fetch_all()),
-        run(touch_query.sent().fetch_all()),
+    let (totals, counts, credits): (ConversionTotals, Vec<KeySums>, Vec<KeySums>) = tokio::try_join!(
+        run(totals.sent().fetch_one()),
+        run(counts.sent().fetch_all()),
+        run(credits.sent().fetch_all()),
     )?;
 
-    // Rows are looked up by borrowed key: a touchpoint allocates only
-    // for a key not seen before.
+    // Rows are looked up by borrowed key: a row allocates only for a key
+    // not seen before.
     let mut dims: [HashMap<String, AttributionRow>; 4] = Default::default();
-    let mut credit = |keys: [Cow<'_, str>; 4], conversions: f64, revenue: f64, touchpoints: u64| {
-        for (dim, key) in dims.iter_mut().zip(keys) {
+    let mut attributed = 0.0;
+    for row in counts.iter().chain(&credits) {
+        attributed += row.conversions;
+        for (dim, key) in dims.iter_mut().zip(row.keys()) {
             if !dim.contains_key(key.as_ref()) {
                 let key = key.clone().into_owned();
                 let row = AttributionRow {
@@ -136,55 +165,20 @@ pub(super) async fn attribution(
                 };
                 dim.insert(key, row);
             }
-            if let Some(row) = dim.get_mut(key.as_ref()) {
-                row.conversions += conversions;
-                row.revenue += revenue;
-                row.touchpoints += touchpoints;
+            if let Some(sums) = dim.get_mut(key.as_ref()) {
+                sums.conversions += row.conversions;
+                sums.revenue += row.revenue;
+                sums.touchpoints += row.touchpoints;
             }
         }
-    };
-    for c in &counts {
-        credit(c.keys(), 0.0, 0.0, c.touchpoints);
-    }
-    let mut by_actor: HashMap<&str, Vec<&TouchRead>> = HashMap::new();
-    for t in &touches {
-        by_actor.entry(t.actor_id.as_str()).or_default().push(t);
-    }
-    for list in by_actor.values_mut() {
-        list.sort_unstable_by_key(|t| (t.ts, t.seq));
     }
     let mut out = Attribution {
-        conversions: conversions.len() as u64,
-        revenue: conversions.iter().map(|c| c.revenue).sum(),
+        conversions: totals.conversions,
+        revenue: totals.revenue,
         ..Default::default()
     };
-    let mut attributed = 0u64;
-    for c in &conversions {
-        let Some(list) = by_actor.get(c.actor_id.as_str()).filter(|_| !c.actor_id.is_empty())
-        else {
-            continue;
-        };
-        // Touchpoints with ts in [c.ts - lookback, c.ts], ties included.
-        let start = list.partition_point(|t| t.ts < c.ts.saturating_sub(q.lookback_ms));
-        let end = list.partition_point(|t| t.ts <= c.ts);
-        let window = &list[start..end.max(start)];
-        if window.is_empty() {
-            continue;
-        }
-        attributed += 1;
-        match q.model {
-            AttributionModel::FirstTouch => credit(window[0].keys(), 1.0, c.revenue, 0),
-            AttributionModel::LastTouch => {
-                credit(window[window.len() - 1].keys(), 1.0, c.revenue, 0);
-            }
-            AttributionModel::Linear => {
-                let n = window.len() as f64;
-                for t in window {
-                    credit(t.keys(), 1.0 / n, c.revenue / n, 0);
-                }
-            }
-        }
-    }
+    // Every attributed conversion hands out shares summing to 1.
+    let attributed = attributed.round() as u64;
     out.unattributed = out.conversions.saturating_sub(attributed);
     let ranked = |map| rank_attribution(map, q.limit);
     let [source, campaign, channel, entity] = dims;
