@@ -150,10 +150,8 @@ CREATE TABLE IF NOT EXISTS relationship_observations (
     ts Int64
 ) ENGINE = MergeTree() ORDER BY (workspace_id, from_type, from_id, relation, to_type, to_id);
 
--- Gateway delivery: per gateway, the session epoch and the cumulative ack.
--- A new version is written after the batch's events are stored, so an ack
--- never runs ahead of the data; a batch redelivered after a crash between
--- the two writes is recognised by its event ids.
+-- Gateway delivery: per gateway, the session epoch, buffer and ack as each
+-- Hello left them. Batches advance the ack in `gateway_commits`.
 CREATE TABLE IF NOT EXISTS gateway_sessions (
     workspace_id String,
     gateway_id String,
@@ -163,6 +161,23 @@ CREATE TABLE IF NOT EXISTS gateway_sessions (
     updated_at Int64,
     version UInt64
 ) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, gateway_id);
+
+-- One row per committed gateway batch, written after its events so that an
+-- ack never runs ahead of the data (a batch redelivered after a crash
+-- between the two writes is recognised by its event ids): the ack, the
+-- events the batch stored (usage adds them to `usage_daily`), and the
+-- reservation, above which no event of the gateway is stored. The latest
+-- version of this table and `gateway_sessions` is the session.
+CREATE TABLE IF NOT EXISTS gateway_commits (
+    workspace_id String,
+    gateway_id String,
+    epoch UInt64,
+    acked_sequence UInt64,
+    reserved_sequence UInt64,
+    day Int64,
+    events_ingested UInt64,
+    version UInt64
+) ENGINE = MergeTree() ORDER BY (workspace_id, gateway_id, version);
 
 -- Trackables: written once at registration. Codes are unique per workspace
 -- and scan codes across workspaces; the store checks both before writing

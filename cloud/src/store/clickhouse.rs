@@ -51,7 +51,8 @@ pub use events::{EventRow, to_row};
 
 /// The schema, applied statement by statement at every start.
 pub const SCHEMA: &str = include_str!("../../../deploy/clickhouse/schema.sql");
-const SCHEMA_VERSION: u32 = 1;
+/// 2: `gateway_commits` (acks, gateway usage and reservations).
+const SCHEMA_VERSION: u32 = 2;
 /// Bound on one call to ClickHouse; past it the store counts as unavailable.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Health must answer quickly even when ClickHouse hangs.
@@ -390,6 +391,7 @@ impl ClickHouseStore {
             ("api_keys", "version"),
             ("message_ids", "version"),
             ("gateway_sessions", "version"),
+            ("gateway_commits", "version"),
             ("governance_decisions", "version"),
             ("governance_grants", "version"),
             ("governance_contracts", "version"),
@@ -685,9 +687,17 @@ impl Store for ClickHouseStore {
         let read: UsageRead = run(self
             .client
             .query(
-                "SELECT sum(events_ingested), sum(api_calls) FROM usage_daily
-                 WHERE workspace_id = ? AND day >= ? AND day <= ?",
+                "SELECT sum(events), sum(calls) FROM (
+                    SELECT events_ingested AS events, api_calls AS calls FROM usage_daily
+                    WHERE workspace_id = ? AND day >= ? AND day <= ?
+                    UNION ALL
+                    SELECT events_ingested AS events, toUInt64(0) AS calls FROM gateway_commits
+                    WHERE workspace_id = ? AND day >= ? AND day <= ?
+                 )",
             )
+            .bind(workspace_id)
+            .bind(from_ms.div_euclid(DAY_MS))
+            .bind(to_ms.div_euclid(DAY_MS))
             .bind(workspace_id)
             .bind(from_ms.div_euclid(DAY_MS))
             .bind(to_ms.div_euclid(DAY_MS))

@@ -827,6 +827,8 @@ pub async fn gateway_batches(store: &dyn Store) {
             })
             .collect()
     };
+    let ingested = async || store.usage(WS, 0, i64::MAX / 2).await.unwrap().events_ingested;
+    let ingested_before = ingested().await;
     let session = store.open_gateway_session(WS, "gw-1", "buf-1").await.unwrap();
     assert_eq!(session, GatewaySession { epoch: 1, acked_sequence: 0 });
     let commit = store.commit_gateway_batch(WS, "gw-1", 1, (1, 3), batch(1, &["a", "b", "c"]));
@@ -860,6 +862,8 @@ pub async fn gateway_batches(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(listed_names(&stored).len(), 4);
+    // Usage counts each stored event once.
+    assert_eq!(ingested().await - ingested_before, 4);
 }
 
 /// Governance objects and receipts: the latest version of each object,

@@ -232,18 +232,22 @@ pub(super) async fn store_rows(
     ws: &str,
     rows: Vec<EventRow>,
 ) -> Result<(Vec<String>, usize)> {
-    let (ids, inserted) = store_rows_uncounted(store, ws, rows).await?;
+    let (ids, inserted) = store_rows_uncounted(store, ws, rows, true).await?;
     store.count_events_ingested(ws, inserted).await?;
     Ok((ids, inserted))
 }
 
-/// [`store_rows`] leaving usage to the caller.
+/// [`store_rows`] leaving usage to the caller. `check_ids: false` skips
+/// the lookup of stored ids, for a caller that knows none of them can be
+/// stored (a gateway batch above its reservation, see `gateway.rs`);
+/// `messageId`s and repeats within `rows` are still checked.
 pub(super) async fn store_rows_uncounted(
     store: &ClickHouseStore,
     ws: &str,
     rows: Vec<EventRow>,
+    check_ids: bool,
 ) -> Result<(Vec<String>, usize)> {
-    let stored = stored_ids(store, ws, &rows).await?;
+    let stored = if check_ids { stored_ids(store, ws, &rows).await? } else { HashSet::new() };
     let message_ids: Vec<&str> =
         rows.iter().map(|r| r.message_id.as_str()).filter(|m| !m.is_empty()).collect();
     let mut by_message = if message_ids.is_empty() {

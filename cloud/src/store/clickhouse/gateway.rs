@@ -1,7 +1,21 @@
-//! [`GatewayStore`] on ClickHouse: the session row is written after the
-//! batch's events, under the workspace's lock. A crash between the two
-//! leaves the ack behind the data; the redelivered batch then finds its
-//! event ids stored and adds nothing (see [`super::events::stored_ids`]).
+//! [`GatewayStore`] on ClickHouse: a batch is two inserts, its events and
+//! then one `gateway_commits` row carrying the new ack, the number of
+//! events it stored (usage sums these rows) and a reservation. A crash
+//! between the two leaves the ack behind the data; the redelivered batch
+//! then finds its event ids stored and adds nothing (see
+//! [`super::events::stored_ids`]).
+//!
+//! That id lookup costs the server about as much as the insert, so it is
+//! made only while events above the ack may be stored. No event above the
+//! gateway's reservation (`max(reserved_sequence)`) is ever stored: a batch
+//! reaching past it first writes a commit row that raises it, and every
+//! commit row raises it a few batches ahead, so in steady state this costs
+//! nothing. Hence:
+//! - a session read from the database (after a restart, or a failed
+//!   commit, which forgets the session) checks ids up to the reservation
+//!   it read;
+//! - a session whose commits in this process all succeeded has nothing
+//!   stored above its ack, and checks none.
 //!
 //! Sessions are kept in memory once read or written: the workspace's lock
 //! is this process's already, so no other writer can move them (one cloud
@@ -15,10 +29,20 @@ use async_trait::async_trait;
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 
-use super::{ClickHouseStore, Sent, events, run};
+use super::{ClickHouseStore, DAY_MS, Sent, events, run};
 use crate::error::{Error, Result};
 use crate::store::NewEvent;
 use crate::store::gateway::{BatchCommit, GatewaySession, GatewayStore};
+
+/// How far past a batch each commit reserves, in batches of its span.
+const RESERVE_BATCHES: u64 = 8;
+
+/// Sequences above the ack checked for a gateway that has a session but no
+/// commit rows: one acknowledged by an earlier version of this store,
+/// which kept no reservation. Ten of the largest batches the receiver
+/// accepts (`receiver::MAX_BATCH_EVENTS`) cover what a crash could have
+/// left above its ack.
+const UNRESERVED_CHECK: u64 = 100_000;
 
 #[derive(Row, Serialize)]
 struct SessionRow<'a> {
@@ -31,29 +55,84 @@ struct SessionRow<'a> {
     version: u64,
 }
 
-#[derive(Row, Deserialize, Clone)]
+#[derive(Row, Serialize)]
+struct CommitRow<'a> {
+    workspace_id: &'a str,
+    gateway_id: &'a str,
+    epoch: u64,
+    acked_sequence: u64,
+    reserved_sequence: u64,
+    day: i64,
+    events_ingested: u64,
+    version: u64,
+}
+
+/// The latest `gateway_sessions` row.
+#[derive(Row, Deserialize)]
 struct SessionRead {
     epoch: u64,
     acked_sequence: u64,
     buffer_id: String,
+    version: u64,
+}
+
+/// The latest `gateway_commits` row, and the highest reservation.
+#[derive(Row, Deserialize)]
+struct CommitRead {
+    epoch: u64,
+    acked_sequence: u64,
+    version: u64,
+    reserved: u64,
+}
+
+/// A gateway's session as this process knows it.
+#[derive(Clone, Default)]
+struct Known {
+    epoch: u64,
+    acked_sequence: u64,
+    buffer_id: String,
+    /// No event of the gateway above it is stored.
+    reserved: u64,
+    /// Events up to it may be stored above the ack: batches below it
+    /// check their ids.
+    unsure_upto: u64,
+}
+
+impl Known {
+    fn from_rows(session: Option<SessionRead>, commit: Option<CommitRead>) -> Option<Known> {
+        let (reserved, unsure_upto) = match (&session, &commit) {
+            (_, Some(c)) => (c.reserved, c.reserved),
+            (Some(s), None) => (0, s.acked_sequence.saturating_add(UNRESERVED_CHECK)),
+            (None, None) => return None,
+        };
+        // The later write holds the epoch and ack: a Hello, or a commit.
+        let (epoch, acked_sequence) = match (&session, &commit) {
+            (Some(s), Some(c)) if c.version > s.version => (c.epoch, c.acked_sequence),
+            (Some(s), _) => (s.epoch, s.acked_sequence),
+            (None, Some(c)) => (c.epoch, c.acked_sequence),
+            (None, None) => (0, 0),
+        };
+        let buffer_id = session.map(|s| s.buffer_id).unwrap_or_default();
+        Some(Known { epoch, acked_sequence, buffer_id, reserved, unsure_upto })
+    }
 }
 
 /// Sessions as this process last read or wrote them, by workspace and
 /// gateway.
 #[derive(Default)]
-pub(super) struct KnownSessions(Mutex<HashMap<(String, String), SessionRead>>);
+pub(super) struct KnownSessions(Mutex<HashMap<(String, String), Known>>);
 
 impl KnownSessions {
-    fn map(&self) -> Result<std::sync::MutexGuard<'_, HashMap<(String, String), SessionRead>>> {
+    fn map(&self) -> Result<std::sync::MutexGuard<'_, HashMap<(String, String), Known>>> {
         self.0.lock().map_err(|_| Error::internal("gateway sessions poisoned"))
     }
 
-    fn get(&self, ws: &str, gateway: &str) -> Result<Option<SessionRead>> {
+    fn get(&self, ws: &str, gateway: &str) -> Result<Option<Known>> {
         Ok(self.map()?.get(&(ws.to_owned(), gateway.to_owned())).cloned())
     }
 
     /// `None` forgets the session: its next use reads it back.
-    fn set(&self, ws: &str, gateway: &str, session: Option<SessionRead>) -> Result<()> {
+    fn set(&self, ws: &str, gateway: &str, session: Option<Known>) -> Result<()> {
         let key = (ws.to_owned(), gateway.to_owned());
         let mut map = self.map()?;
         match session {
@@ -65,55 +144,110 @@ impl KnownSessions {
 }
 
 impl ClickHouseStore {
-    async fn load_session(&self, ws: &str, gateway: &str) -> Result<Option<SessionRead>> {
+    async fn load_session(&self, ws: &str, gateway: &str) -> Result<Option<Known>> {
         if let Some(known) = self.sessions.get(ws, gateway)? {
             return Ok(Some(known));
         }
-        let rows: Vec<SessionRead> = run(self
+        let sessions = self
             .client
             .query(
                 "SELECT argMax(epoch, version), argMax(acked_sequence, version),
-                    argMax(buffer_id, version)
+                    argMax(buffer_id, version), max(version)
                  FROM gateway_sessions WHERE workspace_id = ? AND gateway_id = ?
                  GROUP BY workspace_id, gateway_id",
             )
             .bind(ws)
-            .bind(gateway)
-            .sent()
-            .fetch_all())
-        .await?;
-        let stored = rows.into_iter().next();
-        if stored.is_some() {
-            self.sessions.set(ws, gateway, stored.clone())?;
+            .bind(gateway);
+        let commits = self
+            .client
+            .query(
+                "SELECT argMax(epoch, version), argMax(acked_sequence, version), max(version),
+                    max(reserved_sequence)
+                 FROM gateway_commits WHERE workspace_id = ? AND gateway_id = ?
+                 GROUP BY workspace_id, gateway_id",
+            )
+            .bind(ws)
+            .bind(gateway);
+        let (sessions, commits): (Vec<SessionRead>, Vec<CommitRead>) =
+            tokio::try_join!(run(sessions.sent().fetch_all()), run(commits.sent().fetch_all()))?;
+        let known = Known::from_rows(sessions.into_iter().next(), commits.into_iter().next());
+        if known.is_some() {
+            self.sessions.set(ws, gateway, known.clone())?;
         }
-        Ok(stored)
+        Ok(known)
     }
 
-    async fn save_session(
-        &self,
-        ws: &str,
-        gateway: &str,
-        session: GatewaySession,
-        buffer_id: &str,
-    ) -> Result<()> {
+    /// Writes a Hello's session; a failed write forgets it, as it may
+    /// still have landed.
+    async fn save_session(&self, ws: &str, gateway: &str, known: Known) -> Result<()> {
         let row = SessionRow {
             workspace_id: ws,
             gateway_id: gateway,
-            epoch: session.epoch,
-            acked_sequence: session.acked_sequence,
-            buffer_id,
+            epoch: known.epoch,
+            acked_sequence: known.acked_sequence,
+            buffer_id: &known.buffer_id,
             updated_at: crate::now_ms(),
             version: self.clock.next(),
         };
         let saved = self.insert_rows::<SessionRow<'_>>("gateway_sessions", &[row]).await;
-        // A failed insert may still have landed: read it back next time.
-        let known = saved.is_ok().then(|| SessionRead {
-            epoch: session.epoch,
-            acked_sequence: session.acked_sequence,
-            buffer_id: buffer_id.to_owned(),
-        });
-        self.sessions.set(ws, gateway, known)?;
+        self.sessions.set(ws, gateway, saved.is_ok().then_some(known))?;
         saved
+    }
+
+    async fn insert_commit(
+        &self,
+        ws: &str,
+        gateway: &str,
+        epoch: u64,
+        acked_sequence: u64,
+        reserved_sequence: u64,
+        inserted: usize,
+    ) -> Result<()> {
+        let row = CommitRow {
+            workspace_id: ws,
+            gateway_id: gateway,
+            epoch,
+            acked_sequence,
+            reserved_sequence,
+            day: crate::now_ms().div_euclid(DAY_MS),
+            events_ingested: inserted as u64,
+            version: self.clock.next(),
+        };
+        self.insert_rows::<CommitRow<'_>>("gateway_commits", &[row]).await
+    }
+
+    /// Stores an admitted batch: the events above `acked`, then its commit
+    /// row. Returns the session as it now stands and the events stored.
+    async fn store_batch(
+        &self,
+        (ws, gateway): (&str, &str),
+        mut known: Known,
+        acked: u64,
+        (first, last): (u64, u64),
+        batch: Vec<(u64, NewEvent)>,
+    ) -> Result<(Known, usize)> {
+        let span = last.saturating_sub(first).saturating_add(1);
+        let ahead = last.saturating_add(span.saturating_mul(RESERVE_BATCHES));
+        if last > known.reserved {
+            // Durable before any event above the old reservation is.
+            self.insert_commit(ws, gateway, known.epoch, acked, ahead, 0).await?;
+            known.reserved = ahead;
+        }
+        let fresh: Vec<_> = batch
+            .into_iter()
+            .filter(|(seq, _)| *seq > acked)
+            .map(|(_, event)| events::to_row(ws, event))
+            .collect();
+        let check_ids = known.unsure_upto > acked;
+        let inserted = if fresh.is_empty() {
+            0
+        } else {
+            events::store_rows_uncounted(self, ws, fresh, check_ids).await?.1
+        };
+        known.reserved = known.reserved.max(ahead);
+        self.insert_commit(ws, gateway, known.epoch, last, known.reserved, inserted).await?;
+        known.acked_sequence = last;
+        Ok((known, inserted))
     }
 }
 
@@ -127,33 +261,27 @@ impl GatewayStore for ClickHouseStore {
     ) -> Result<GatewaySession> {
         let lock = self.lock_for(workspace_id)?;
         let _guard = lock.lock().await;
-        let stored = self.load_session(workspace_id, gateway_id).await?;
-        let (current, stored_buffer) = match stored {
-            Some(s) => (
-                GatewaySession { epoch: s.epoch, acked_sequence: s.acked_sequence },
-                Some(s.buffer_id),
-            ),
-            None => (GatewaySession::default(), None),
-        };
-        let recreated = matches!(
-            &stored_buffer,
-            Some(old) if !old.is_empty() && !buffer_id.is_empty() && old != buffer_id
-        );
+        let mut known = self.load_session(workspace_id, gateway_id).await?.unwrap_or_default();
+        let recreated =
+            !known.buffer_id.is_empty() && !buffer_id.is_empty() && known.buffer_id != buffer_id;
         if recreated {
             tracing::warn!(
                 workspace = %workspace_id, gateway = %gateway_id,
-                previous_ack = current.acked_sequence,
+                previous_ack = known.acked_sequence,
                 "gateway presents a new buffer: its sequences restart at 1"
             );
+            known.acked_sequence = 0;
+            // Whatever an earlier buffer stored lies below the reservation:
+            // a replay of it is found by id.
+            known.unsure_upto = known.unsure_upto.max(known.reserved);
         }
-        let next = GatewaySession {
-            epoch: current.epoch + 1,
-            acked_sequence: if recreated { 0 } else { current.acked_sequence },
-        };
-        let keep_buffer =
-            if buffer_id.is_empty() { stored_buffer.unwrap_or_default() } else { buffer_id.into() };
-        self.save_session(workspace_id, gateway_id, next, &keep_buffer).await?;
-        Ok(next)
+        known.epoch += 1;
+        if !buffer_id.is_empty() {
+            known.buffer_id = buffer_id.into();
+        }
+        let session = GatewaySession { epoch: known.epoch, acked_sequence: known.acked_sequence };
+        self.save_session(workspace_id, gateway_id, known).await?;
+        Ok(session)
     }
 
     async fn commit_gateway_batch(
@@ -166,34 +294,106 @@ impl GatewayStore for ClickHouseStore {
     ) -> Result<BatchCommit> {
         let lock = self.lock_for(workspace_id)?;
         let _guard = lock.lock().await;
-        let session = self.load_session(workspace_id, gateway_id).await?.unwrap_or(SessionRead {
-            epoch: 0,
-            acked_sequence: 0,
-            buffer_id: String::new(),
-        });
+        let known = self.load_session(workspace_id, gateway_id).await?.unwrap_or_default();
         let acked =
-            match BatchCommit::admit(session.epoch, session.acked_sequence, epoch, (first, last)) {
+            match BatchCommit::admit(known.epoch, known.acked_sequence, epoch, (first, last)) {
                 Ok(acked) => acked,
                 Err(answer) => return Ok(answer),
             };
-        let fresh: Vec<_> = batch
-            .into_iter()
-            .filter(|(seq, _)| *seq > acked)
-            .map(|(_, event)| events::to_row(workspace_id, event))
-            .collect();
-        let inserted = if fresh.is_empty() {
-            0
-        } else {
-            events::store_rows_uncounted(self, workspace_id, fresh).await?.1
-        };
-        // Usage beside the acknowledgement: either failing returns an error
-        // and the redelivered batch finds its events stored, which usage
-        // never counts twice (nor, as before, at all).
-        let next = GatewaySession { epoch, acked_sequence: last };
-        tokio::try_join!(
-            self.count_events_ingested(workspace_id, inserted),
-            self.save_session(workspace_id, gateway_id, next, &session.buffer_id),
-        )?;
-        Ok(BatchCommit::Acked { acked_sequence: last, inserted })
+        let ids = (workspace_id, gateway_id);
+        match self.store_batch(ids, known, acked, (first, last), batch).await {
+            Ok((known, inserted)) => {
+                self.sessions.set(workspace_id, gateway_id, Some(known))?;
+                Ok(BatchCommit::Acked { acked_sequence: last, inserted })
+            }
+            Err(e) => {
+                // Some of it may have landed: read back the ack and the
+                // reservation, and check ids up to it.
+                self.sessions.set(workspace_id, gateway_id, None)?;
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opgraph_tests::clickhouse::ClickHouse;
+
+    use super::super::{ClickHouseConfig, ClickHouseStore, events};
+    use crate::store::gateway::{BatchCommit, GatewayStore};
+    use crate::store::{NewEvent, Store};
+
+    const WS: &str = "ws_gateway";
+    const GW: &str = "gw-1";
+
+    fn batch(seqs: std::ops::RangeInclusive<u64>) -> Vec<(u64, NewEvent)> {
+        let event =
+            opgraph_proto::Event::parse_json(&serde_json::json!({"event": "tote.moved"})).unwrap();
+        seqs.map(|seq| {
+            (seq, NewEvent { id: format!("evt_{seq:04}"), received_at: 1, event: event.clone() })
+        })
+        .collect()
+    }
+
+    async fn open(server: &ClickHouse) -> ClickHouseStore {
+        let config =
+            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
+        ClickHouseStore::open(&config).await.unwrap()
+    }
+
+    /// How many id lookups named the event of sequence `seq`.
+    async fn lookups_of(store: &ClickHouseStore, seq: u64) -> u64 {
+        store.client.query("SYSTEM FLUSH LOGS").execute().await.unwrap();
+        store
+            .client
+            .query(
+                "SELECT count() FROM system.query_log WHERE type = 1
+                 AND query LIKE 'SELECT id FROM events%' AND query LIKE ?",
+            )
+            .bind(format!("%'evt_{seq:04}'%"))
+            .fetch_one()
+            .await
+            .unwrap()
+    }
+
+    async fn stored(store: &ClickHouseStore) -> u64 {
+        store.client.query("SELECT count() FROM events").fetch_one().await.unwrap()
+    }
+
+    /// Events that landed without their commit row (a crash between the
+    /// two) are found by id after a restart, up to the reservation; past
+    /// it, and in a process whose own commits all succeeded, no id is
+    /// looked up.
+    #[tokio::test]
+    async fn ids_are_checked_only_where_an_event_may_be_stored() {
+        let server = ClickHouse::start_logging_queries().await.unwrap();
+        let before = open(&server).await;
+        let epoch = before.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
+        let commit = before.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
+        // 4..=6 land, their commit row does not.
+        let rows = batch(4..=6).into_iter().map(|(_, e)| events::to_row(WS, e)).collect();
+        events::store_rows_uncounted(&before, WS, rows, false).await.unwrap();
+        assert_eq!(lookups_of(&before, 1).await, 0, "a new gateway has nothing stored");
+
+        let after = open(&server).await;
+        let commit = after.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 0 });
+        assert_eq!(stored(&after).await, 6);
+        assert_eq!(lookups_of(&after, 4).await, 1);
+        // Up to the reservation the first process made (3 + 8 * 3), ids
+        // are checked; above it they need not be.
+        let commit = after.commit_gateway_batch(WS, GW, epoch, (7, 30), batch(7..=30));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 30, inserted: 24 });
+        assert_eq!(lookups_of(&after, 7).await, 1);
+        let commit = after.commit_gateway_batch(WS, GW, epoch, (31, 40), batch(31..=40));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 40, inserted: 10 });
+        assert_eq!(lookups_of(&after, 31).await, 0);
+        assert_eq!(stored(&after).await, 40);
+
+        // Usage counts what each batch stored, once.
+        let usage = after.usage(WS, 0, i64::MAX / 2).await.unwrap();
+        assert_eq!(usage.events_ingested, 3 + 24 + 10);
     }
 }
