@@ -4,14 +4,16 @@
 //!
 //! **Insert**: gateway batches (`--batch` events, from the query history's
 //! generator) committed through the store's exactly-once path
-//! (`commit_gateway_batch`: admission against the session, duplicate
-//! check, events, usage, acknowledgement), beside the `clickhouse` crate's
+//! (`commit_gateway_batch`: admission against the session, events, and
+//! the commit row with the ack and usage), beside the `clickhouse` crate's
 //! raw insert of the same rows into an identical table of another
 //! database, one insert per batch, through the store's HTTP client
 //! settings (`client_for`). The raw side builds its rows from the
 //! same events with the store's own flattening (`to_row`), timed, and
-//! its time without that flattening is printed too. Rounds alternate which
-//! side goes first; each side's count is checked at the end.
+//! its time without that flattening is printed too. Each batch goes to
+//! both sides, which take turns at going first, so that the server's
+//! merges and the host's disk weigh on both alike; each side's count is
+//! checked at the end.
 //!
 //! **Queries**: `--query-events` events (default 10 M, 30 days) loaded
 //! through the store, then the `opgraph-cloud` binary serves them. For each
@@ -112,6 +114,41 @@ fn history(range: std::ops::Range<u64>, total: u64) -> Vec<NewEvent> {
         .collect()
 }
 
+/// `events` cut into batches of `size`.
+fn batches(events: Vec<NewEvent>, size: usize) -> Vec<Vec<NewEvent>> {
+    let mut out: Vec<Vec<NewEvent>> = Vec::new();
+    for (i, e) in events.into_iter().enumerate() {
+        if i % size == 0 {
+            out.push(Vec::with_capacity(size));
+        }
+        out.last_mut().unwrap().push(e);
+    }
+    out
+}
+
+/// Commits `batch` as the gateway batch numbered from `*sequence + 1`.
+async fn commit_batch(
+    store: &ClickHouseStore,
+    epoch: u64,
+    sequence: &mut u64,
+    batch: Vec<NewEvent>,
+) {
+    let size = batch.len() as u64;
+    let (first, last) = (*sequence + 1, *sequence + size);
+    *sequence = last;
+    let batch: Vec<(u64, NewEvent)> = (first..).zip(batch).collect();
+    match store
+        .commit_gateway_batch(WORKSPACE, "bench-gateway", epoch, (first, last), batch)
+        .await
+        .expect("commit a gateway batch")
+    {
+        BatchCommit::Acked { inserted, .. } => {
+            assert_eq!(inserted as u64, size, "every event new");
+        }
+        other => panic!("batch {first}..={last} not acknowledged: {other:?}"),
+    }
+}
+
 /// Commits `events` as gateway batches numbered from `*sequence + 1`.
 async fn commit_batches(
     store: &ClickHouseStore,
@@ -120,51 +157,59 @@ async fn commit_batches(
     events: Vec<NewEvent>,
     batch: usize,
 ) {
-    let mut batches: Vec<Vec<(u64, NewEvent)>> = Vec::new();
-    for (i, e) in events.into_iter().enumerate() {
-        if i % batch == 0 {
-            batches.push(Vec::with_capacity(batch));
-        }
-        *sequence += 1;
-        batches.last_mut().unwrap().push((*sequence, e));
-    }
-    for batch in batches {
-        let (first, last) = (batch[0].0, batch[batch.len() - 1].0);
-        let size = batch.len();
-        match store
-            .commit_gateway_batch(WORKSPACE, "bench-gateway", epoch, (first, last), batch)
-            .await
-            .expect("commit a gateway batch")
-        {
-            BatchCommit::Acked { inserted, .. } => assert_eq!(inserted, size, "every event new"),
-            other => panic!("batch {first}..={last} not acknowledged: {other:?}"),
-        }
+    for batch in batches(events, batch) {
+        commit_batch(store, epoch, sequence, batch).await;
     }
 }
 
-/// The crate's insert of `events`' rows, one insert per batch; returns
-/// the total time and the part of it spent flattening events into rows.
-async fn raw_insert(client: &Client, events: Vec<NewEvent>, batch: usize) -> (f64, f64) {
-    let mut chunks: Vec<Vec<NewEvent>> = Vec::new();
-    for (i, e) in events.into_iter().enumerate() {
-        if i % batch == 0 {
-            chunks.push(Vec::with_capacity(batch));
-        }
-        chunks.last_mut().unwrap().push(e);
+/// The crate's insert of one batch's rows; returns the time spent
+/// flattening events into rows.
+async fn raw_insert(client: &Client, batch: Vec<NewEvent>) -> Duration {
+    let flatten = Instant::now();
+    let rows: Vec<EventRow> = batch.into_iter().map(|e| to_row(WORKSPACE, e)).collect();
+    let flattening = flatten.elapsed();
+    let mut insert = client.insert::<EventRow>("events").await.unwrap();
+    for row in &rows {
+        insert.write(row).await.unwrap();
     }
-    let started = Instant::now();
-    let mut flattening = Duration::ZERO;
-    for chunk in chunks {
-        let flatten = Instant::now();
-        let rows: Vec<EventRow> = chunk.into_iter().map(|e| to_row(WORKSPACE, e)).collect();
-        flattening += flatten.elapsed();
-        let mut insert = client.insert::<EventRow>("events").await.unwrap();
-        for row in &rows {
-            insert.write(row).await.unwrap();
+    insert.end().await.unwrap();
+    flattening
+}
+
+/// Time spent by each side on one round.
+#[derive(Default)]
+struct Round {
+    raw: Duration,
+    flattening: Duration,
+    ours: Duration,
+}
+
+/// One round, batch by batch: each batch goes to both sides, taking turns
+/// at going first, so that merges running on the server and the host's
+/// disk weather fall on both sides alike.
+async fn run_round(
+    store: &ClickHouseStore,
+    epoch: u64,
+    sequence: &mut u64,
+    raw: &Client,
+    events: Vec<NewEvent>,
+    batch: usize,
+) -> Round {
+    let mut timed = Round::default();
+    for (i, batch) in batches(events, batch).into_iter().enumerate() {
+        for side in [i % 2, 1 - i % 2] {
+            let batch = batch.clone();
+            let started = Instant::now();
+            if side == 0 {
+                timed.flattening += raw_insert(raw, batch).await;
+                timed.raw += started.elapsed();
+            } else {
+                commit_batch(store, epoch, sequence, batch).await;
+                timed.ours += started.elapsed();
+            }
         }
-        insert.end().await.unwrap();
     }
-    (started.elapsed().as_secs_f64(), flattening.as_secs_f64())
+    timed
 }
 
 async fn count(client: &Client, database: &str) -> u64 {
@@ -196,20 +241,9 @@ async fn insert_part(o: &Options) {
         let events =
             history(round as u64 * o.events as u64..(round as u64 + 1) * o.events as u64, total);
         let n = events.len() as f64;
-        let copy = events.clone();
-        let raw_side = async { raw_insert(&raw, copy, o.batch).await };
-        let ours = async {
-            let started = Instant::now();
-            commit_batches(&store, epoch, &mut sequence, events, o.batch).await;
-            started.elapsed().as_secs_f64()
-        };
-        let ((raw_secs, flattening), our_secs) = if round % 2 == 0 {
-            let raw = raw_side.await;
-            (raw, ours.await)
-        } else {
-            let ours = ours.await;
-            (raw_side.await, ours)
-        };
+        let timed = run_round(&store, epoch, &mut sequence, &raw, events, o.batch).await;
+        let (raw_secs, flattening, our_secs) =
+            (timed.raw.as_secs_f64(), timed.flattening.as_secs_f64(), timed.ours.as_secs_f64());
         let (raw_rate, insert_only, our_rate) =
             (n / raw_secs, n / (raw_secs - flattening), n / our_secs);
         println!(
