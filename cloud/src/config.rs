@@ -387,9 +387,9 @@ impl Config {
             ));
         }
         if let Some(url) = &self.store.clickhouse_url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
+            && !url.starts_with("http://")
         {
-            return Err(problem("store.clickhouse_url", "must be an http:// or https:// URL"));
+            return Err(problem("store.clickhouse_url", crate::store::clickhouse::HTTP_ONLY));
         }
         if let Some(cluster) = &self.store.clickhouse_cluster
             && !crate::store::clickhouse::plain_identifier(cluster)
@@ -512,6 +512,19 @@ mod tests {
         assert_eq!(config.store.clickhouse_cluster.as_deref(), Some("opgraph_2x2"));
         let err = Config::load(None, with("c; DROP TABLE events")).unwrap_err();
         assert_eq!(err.key, "store.clickhouse_cluster");
+    }
+
+    #[test]
+    fn clickhouse_url_must_be_plain_http() {
+        let with = |url: &'static str| {
+            move |k: &str| (k == "OPGRAPH_CLICKHOUSE_URL").then(|| url.to_owned())
+        };
+        assert!(Config::load(None, with("http://127.0.0.1:8123")).is_ok());
+        for url in ["https://clickhouse.example:8443", "clickhouse:8123", "tcp://h:9000"] {
+            let err = Config::load(None, with(url)).unwrap_err();
+            assert_eq!(err.key, "store.clickhouse_url", "{url}");
+            assert!(err.message.contains("http://"), "{err}");
+        }
     }
 
     #[test]
