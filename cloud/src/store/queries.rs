@@ -139,10 +139,57 @@ pub struct AttributionRow {
     pub revenue: f64,
 }
 
+/// The key of a touchpoint that has no value in a dimension.
+pub const NO_KEY: &str = "(none)";
+
+/// What every backend folds its touchpoint counts and credits into: one
+/// row per key in each dimension (source, campaign, channel, entity).
+#[derive(Default)]
+pub struct AttributionSums([std::collections::HashMap<String, AttributionRow>; 4]);
+
+impl AttributionSums {
+    /// Adds to the row of each of `keys` (source, campaign, channel,
+    /// entity).
+    pub fn add(&mut self, keys: [&str; 4], touchpoints: u64, conversions: f64, revenue: f64) {
+        for (dim, key) in self.0.iter_mut().zip(keys) {
+            let row = dim.entry(key.to_owned()).or_insert_with(|| AttributionRow {
+                key: key.to_owned(),
+                touchpoints: 0,
+                conversions: 0.0,
+                revenue: 0.0,
+            });
+            row.touchpoints += touchpoints;
+            row.conversions += conversions;
+            row.revenue += revenue;
+        }
+    }
+
+    /// The answer, given the range's conversions, their revenue and how
+    /// many of them had a touchpoint; at most `limit` rows per dimension.
+    pub fn into_attribution(
+        self,
+        conversions: u64,
+        revenue: f64,
+        attributed: u64,
+        limit: usize,
+    ) -> Attribution {
+        let [source, campaign, channel, entity] = self.0.map(|dim| rank(dim, limit));
+        Attribution {
+            by_source: source,
+            by_campaign: campaign,
+            by_channel: channel,
+            by_entity: entity,
+            conversions,
+            revenue,
+            unattributed: conversions.saturating_sub(attributed),
+        }
+    }
+}
+
 /// One dimension's rows as every backend answers them: sums of fractional
 /// shares rounded (so `0.30000000000000004` reads `0.3`), most credited
 /// first, then revenue, touchpoints and key, at most `limit`.
-pub fn rank_attribution(
+fn rank(
     rows: std::collections::HashMap<String, AttributionRow>,
     limit: usize,
 ) -> Vec<AttributionRow> {

@@ -6,7 +6,6 @@
 //! the wire instead of every touchpoint of the range.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use clickhouse::Row;
 use serde::Deserialize;
@@ -14,29 +13,13 @@ use serde::Deserialize;
 use super::{ClickHouseStore, Sent, run};
 use crate::error::Result;
 use crate::store::queries::{
-    Attribution, AttributionModel, AttributionQuery, AttributionRow, Range, rank_attribution,
+    Attribution, AttributionModel, AttributionQuery, AttributionSums, NO_KEY, Range,
 };
 
 #[derive(Row, Deserialize)]
 struct ConversionTotals {
     conversions: u64,
     revenue: f64,
-}
-
-/// A touchpoint's key in each dimension: source, campaign, channel, entity
-/// (`type:id`, or the id alone).
-fn keys<'a>(
-    [source, campaign, channel, object_type, object_id]: [&'a str; 5],
-) -> [Cow<'a, str>; 4] {
-    fn part(s: &str) -> Cow<'_, str> {
-        if s.is_empty() { NONE } else { s }.into()
-    }
-    let entity = match (object_type, object_id) {
-        (_, "") => NONE.into(),
-        ("", id) => id.into(),
-        (kind, id) => format!("{kind}:{id}").into(),
-    };
-    [part(source), part(campaign), part(channel), entity]
 }
 
 /// One touchpoint key's sums: its touchpoints in the range (counted) or
@@ -54,15 +37,23 @@ struct KeySums {
 }
 
 impl KeySums {
+    /// The key in each dimension: source, campaign, channel, entity
+    /// (`type:id`, or the id alone); `''` is absent.
     fn keys(&self) -> [Cow<'_, str>; 4] {
-        keys([&self.source, &self.campaign, &self.channel, &self.object_type, &self.object_id])
+        fn part(s: &str) -> Cow<'_, str> {
+            if s.is_empty() { NO_KEY } else { s }.into()
+        }
+        let entity = match (self.object_type.as_str(), self.object_id.as_str()) {
+            (_, "") => NO_KEY.into(),
+            ("", id) => id.into(),
+            (kind, id) => format!("{kind}:{id}").into(),
+        };
+        [part(&self.source), part(&self.campaign), part(&self.channel), entity]
     }
 }
 
 const KEY_COLUMNS: &str = "source, campaign, channel, object_type, object_id";
 const IS_TOUCH: &str = "actor_id != '' AND (source != '' OR campaign != '' OR channel != '')";
-
-const NONE: &str = "(none)";
 
 pub(super) async fn attribution(
     store: &ClickHouseStore,
@@ -110,30 +101,28 @@ pub(super) async fn attribution(
             tupleElement(touch, 5) AS object_id,
             toUInt64(0), sum(share), sum(share * revenue)
          FROM (
-            SELECT revenue, 1 / length(picked) AS share, arrayJoin(picked) AS touch
+            SELECT revenue, {picked} AS picked, 1 / length(picked) AS share,
+                arrayJoin(picked) AS touch
             FROM (
-                SELECT revenue, {picked} AS picked
+                SELECT revenue, arrayFilter(
+                    (t, start, end) -> tupleElement(t, 6) >= start AND tupleElement(t, 6) <= end,
+                    touches,
+                    arrayResize([start], length(touches), start),
+                    arrayResize([end], length(touches), end)) AS window
                 FROM (
-                    SELECT revenue, arrayFilter(
-                        (t, start, end) -> tupleElement(t, 6) >= start AND tupleElement(t, 6) <= end,
-                        touches,
-                        arrayResize([start], length(touches), start),
-                        arrayResize([end], length(touches), end)) AS window
-                    FROM (
-                        SELECT actor_id, ts - {lookback} AS start, ts AS end, revenue
-                        FROM {conversions}
-                    ) AS conversion
-                    GLOBAL ALL INNER JOIN (
-                        SELECT actor_id, arraySort(
-                            t -> (tupleElement(t, 6), tupleElement(t, 7)),
-                            groupArray(({KEY_COLUMNS}, ts, seq))) AS touches
-                        FROM events WHERE {} AND {IS_TOUCH}
-                            AND actor_id GLOBAL IN (SELECT actor_id FROM {conversions})
-                        GROUP BY actor_id
-                    ) AS touched USING actor_id
-                )
-                WHERE notEmpty(window)
+                    SELECT actor_id, ts - {lookback} AS start, ts AS end, revenue
+                    FROM {conversions}
+                ) AS conversion
+                GLOBAL ALL INNER JOIN (
+                    SELECT actor_id, arraySort(
+                        t -> (tupleElement(t, 6), tupleElement(t, 7)),
+                        groupArray(({KEY_COLUMNS}, ts, seq))) AS touches
+                    FROM events WHERE {} AND {IS_TOUCH}
+                        AND actor_id GLOBAL IN (SELECT actor_id FROM {conversions})
+                    GROUP BY actor_id
+                ) AS touched USING actor_id
             )
+            WHERE notEmpty(window)
          )
          GROUP BY source, campaign, channel, object_type, object_id",
         touch_filter.sql,
@@ -148,43 +137,19 @@ pub(super) async fn attribution(
         run(credits.sent().fetch_all()),
     )?;
 
-    // Rows are looked up by borrowed key: a row allocates only for a key
-    // not seen before.
-    let mut dims: [HashMap<String, AttributionRow>; 4] = Default::default();
-    let mut attributed = 0.0;
+    let mut sums = AttributionSums::default();
+    let mut shares = 0.0;
     for row in counts.iter().chain(&credits) {
-        attributed += row.conversions;
-        for (dim, key) in dims.iter_mut().zip(row.keys()) {
-            if !dim.contains_key(key.as_ref()) {
-                let key = key.clone().into_owned();
-                let row = AttributionRow {
-                    key: key.clone(),
-                    touchpoints: 0,
-                    conversions: 0.0,
-                    revenue: 0.0,
-                };
-                dim.insert(key, row);
-            }
-            if let Some(sums) = dim.get_mut(key.as_ref()) {
-                sums.conversions += row.conversions;
-                sums.revenue += row.revenue;
-                sums.touchpoints += row.touchpoints;
-            }
-        }
+        shares += row.conversions;
+        let keys = row.keys();
+        sums.add(
+            keys.each_ref().map(|k| k.as_ref()),
+            row.touchpoints,
+            row.conversions,
+            row.revenue,
+        );
     }
-    let mut out = Attribution {
-        conversions: totals.conversions,
-        revenue: totals.revenue,
-        ..Default::default()
-    };
     // Every attributed conversion hands out shares summing to 1.
-    let attributed = attributed.round() as u64;
-    out.unattributed = out.conversions.saturating_sub(attributed);
-    let ranked = |map| rank_attribution(map, q.limit);
-    let [source, campaign, channel, entity] = dims;
-    out.by_source = ranked(source);
-    out.by_campaign = ranked(campaign);
-    out.by_channel = ranked(channel);
-    out.by_entity = ranked(entity);
-    Ok(out)
+    let attributed = shares.round() as u64;
+    Ok(sums.into_attribution(totals.conversions, totals.revenue, attributed, q.limit))
 }

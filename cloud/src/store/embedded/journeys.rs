@@ -22,7 +22,7 @@ use super::queries::Sql;
 use super::sql;
 use crate::error::Result;
 use crate::store::queries::{
-    Attribution, AttributionModel, AttributionQuery, AttributionRow, FunnelQuery, rank_attribution,
+    Attribution, AttributionModel, AttributionQuery, AttributionSums, FunnelQuery, NO_KEY,
 };
 
 /// No start yet.
@@ -283,43 +283,29 @@ pub(super) fn attribution(
             ))
         })
         .map_err(sql)?;
-    let mut dims: [HashMap<String, AttributionRow>; 4] = Default::default();
-    let mut out = Attribution::default();
-    let mut attributed = 0u64;
+    let mut sums = AttributionSums::default();
+    let (mut conversions, mut revenue, mut attributed) = (0, 0.0, 0);
     for row in rows {
         let (kind, key, a, b) = row.map_err(sql)?;
         match kind.as_str() {
             "c" | "t" => {
-                for (d, part) in key.split(SEP).take(4).enumerate() {
-                    let name = if part.starts_with(NONE) { "(none)" } else { part };
-                    let row = dims[d].entry(name.to_owned()).or_insert_with(|| empty_row(name));
-                    if kind == "c" {
-                        row.conversions += a;
-                        row.revenue += b;
-                    } else {
-                        row.touchpoints += a.max(0.0) as u64;
-                    }
+                let mut parts =
+                    key.split(SEP).map(|p| if p.starts_with(NONE) { NO_KEY } else { p });
+                let keys = [(); 4].map(|()| parts.next().unwrap_or(NO_KEY));
+                if kind == "c" {
+                    sums.add(keys, 0, a, b);
+                } else {
+                    sums.add(keys, a.max(0.0) as u64, 0.0, 0.0);
                 }
             }
             "n" => {
-                out.conversions = a.max(0.0) as u64;
-                out.revenue = b;
+                conversions = a.max(0.0) as u64;
+                revenue = b;
             }
             _ => attributed = a.max(0.0) as u64,
         }
     }
-    out.unattributed = out.conversions.saturating_sub(attributed);
-    let [source, campaign, channel, entity] = dims;
-    let ranked = |map| rank_attribution(map, query.limit);
-    out.by_source = ranked(source);
-    out.by_campaign = ranked(campaign);
-    out.by_channel = ranked(channel);
-    out.by_entity = ranked(entity);
-    Ok(out)
-}
-
-fn empty_row(key: &str) -> AttributionRow {
-    AttributionRow { key: key.to_owned(), touchpoints: 0, conversions: 0.0, revenue: 0.0 }
+    Ok(sums.into_attribution(conversions, revenue, attributed, query.limit))
 }
 
 #[cfg(test)]
