@@ -387,9 +387,9 @@ impl Config {
             ));
         }
         if let Some(url) = &self.store.clickhouse_url
-            && !url.starts_with("http://")
+            && let Err(why) = crate::store::clickhouse::parse_url(url)
         {
-            return Err(problem("store.clickhouse_url", crate::store::clickhouse::HTTP_ONLY));
+            return Err(problem("store.clickhouse_url", why));
         }
         if let Some(cluster) = &self.store.clickhouse_cluster
             && !crate::store::clickhouse::plain_identifier(cluster)
@@ -520,7 +520,8 @@ mod tests {
             move |k: &str| (k == "OPGRAPH_CLICKHOUSE_URL").then(|| url.to_owned())
         };
         assert!(Config::load(None, with("http://127.0.0.1:8123")).is_ok());
-        for url in ["https://clickhouse.example:8443", "clickhouse:8123", "tcp://h:9000"] {
+        for url in ["https://clickhouse.example:8443", "clickhouse:8123", "http://", "tcp://h:9000"]
+        {
             let err = Config::load(None, with(url)).unwrap_err();
             assert_eq!(err.key, "store.clickhouse_url", "{url}");
             assert!(err.message.contains("http://"), "{err}");

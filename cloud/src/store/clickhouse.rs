@@ -116,20 +116,24 @@ pub fn plain_identifier(name: &str) -> bool {
         && name.len() <= 64
 }
 
-/// Why a ClickHouse URL must be `http://`: the client is built without a
-/// TLS stack, so an `https://` URL would pass here and fail at the first
-/// request.
-pub const HTTP_ONLY: &str = "must be an http:// URL: TLS to ClickHouse is not supported; \
-     reach it over a private network or through a local TLS tunnel (stunnel in client mode)";
+/// `url` if the store can reach ClickHouse at it, else why not. Only
+/// `http://`: the client is built without a TLS stack, so an `https://` URL
+/// would pass here and fail at the first request.
+pub fn parse_url(url: &str) -> std::result::Result<url::Url, String> {
+    let parsed = url::Url::parse(url).map_err(|e| format!("{e}: {url:?}"))?;
+    if parsed.scheme() != "http" {
+        return Err("must be an http:// URL: TLS to ClickHouse is not supported; reach it over \
+             a private network or through a local TLS tunnel (stunnel in client mode)"
+            .to_owned());
+    }
+    Ok(parsed)
+}
 
 /// The client for `url`, with credentials moved from the URL into headers
 /// (public for the insert benchmark's raw baseline).
 pub fn client_for(url: &str) -> Result<Client> {
-    let mut parsed = url::Url::parse(url)
-        .map_err(|e| Error::validation("store.clickhouse_url", format!("{e}: {url:?}")))?;
-    if parsed.scheme() != "http" {
-        return Err(Error::validation("store.clickhouse_url", HTTP_ONLY));
-    }
+    let mut parsed =
+        parse_url(url).map_err(|problem| Error::validation("store.clickhouse_url", problem))?;
     let user = parsed.username().to_owned();
     let password = parsed.password().map(str::to_owned);
     let _ = parsed.set_username("");
