@@ -321,6 +321,7 @@ mod tests {
     use opgraph_tests::clickhouse::ClickHouse;
 
     use super::super::{ClickHouseConfig, ClickHouseStore, events};
+    use super::SessionRow;
     use crate::store::gateway::{BatchCommit, GatewayStore};
     use crate::store::{NewEvent, Store};
 
@@ -395,5 +396,52 @@ mod tests {
         // Usage counts what each batch stored, once.
         let usage = after.usage(WS, 0, i64::MAX / 2).await.unwrap();
         assert_eq!(usage.events_ingested, 3 + 24 + 10);
+    }
+
+    /// A commit whose events landed but whose commit row did not (the
+    /// table is detached in between) forgets the session: the redelivered
+    /// batch is checked by id in the same process and stored once.
+    #[tokio::test]
+    async fn a_failed_commit_makes_the_next_batch_check_its_ids() {
+        let server = ClickHouse::start().await.unwrap();
+        let store = open(&server).await;
+        let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
+        store.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
+        let failed = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6)).await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert_eq!(stored(&store).await, 6, "the events landed");
+        store.client.query("ATTACH TABLE gateway_commits").execute().await.unwrap();
+        let again = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
+        assert_eq!(again.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 0 });
+        assert_eq!(stored(&store).await, 6);
+    }
+
+    /// A session acknowledged before `gateway_commits` existed (a
+    /// `gateway_sessions` row, no commit rows) has no reservation: events
+    /// above its ack are checked by id.
+    #[tokio::test]
+    async fn a_session_without_commit_rows_checks_ids_above_its_ack() {
+        let server = ClickHouse::start().await.unwrap();
+        let before = open(&server).await;
+        let old = SessionRow {
+            workspace_id: WS,
+            gateway_id: GW,
+            epoch: 1,
+            acked_sequence: 3,
+            buffer_id: "buf-1",
+            updated_at: 1,
+            version: before.clock.next(),
+        };
+        before.insert_rows::<SessionRow<'_>>("gateway_sessions", &[old]).await.unwrap();
+        // The old store's crash left 4..=6 above its ack.
+        let rows = batch(1..=6).into_iter().map(|(_, e)| events::to_row(WS, e)).collect();
+        events::store_rows_uncounted(&before, WS, rows, false).await.unwrap();
+
+        let after = open(&server).await;
+        let commit = after.commit_gateway_batch(WS, GW, 1, (4, 8), batch(4..=8));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 8, inserted: 2 });
+        assert_eq!(stored(&after).await, 8);
     }
 }
