@@ -358,6 +358,14 @@ mod tests {
             .unwrap()
     }
 
+    /// Opens the gateway's session and stores events 1..=3; returns the epoch.
+    async fn first_batch(store: &ClickHouseStore) -> u64 {
+        let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
+        epoch
+    }
+
     async fn stored(store: &ClickHouseStore) -> u64 {
         store.client.query("SELECT count() FROM events").fetch_one().await.unwrap()
     }
@@ -370,9 +378,7 @@ mod tests {
     async fn ids_are_checked_only_where_an_event_may_be_stored() {
         let server = ClickHouse::start_logging_queries().await.unwrap();
         let before = open(&server).await;
-        let epoch = before.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
-        let commit = before.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3));
-        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
+        let epoch = first_batch(&before).await;
         // 4..=6 land, their commit row does not.
         let rows = batch(4..=6).into_iter().map(|(_, e)| events::to_row(WS, e)).collect();
         events::store_rows_uncounted(&before, WS, rows, false).await.unwrap();
@@ -405,9 +411,7 @@ mod tests {
     async fn a_failed_commit_makes_the_next_batch_check_its_ids() {
         let server = ClickHouse::start().await.unwrap();
         let store = open(&server).await;
-        let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3));
-        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
+        let epoch = first_batch(&store).await;
         store.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
         let failed = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6)).await;
         assert!(failed.is_err(), "{failed:?}");
