@@ -10,10 +10,12 @@
 //! database, one insert per batch, through the store's HTTP client
 //! settings (`client_for`). The raw side builds its rows from the
 //! same events with the store's own flattening (`to_row`), timed, and
-//! its time without that flattening is printed too. Each batch goes to
-//! both sides, which take turns at going first, so that the server's
-//! merges and the host's disk weigh on both alike; each side's count is
-//! checked at the end.
+//! its time without that flattening is printed too. The sides take turns
+//! of `--block` batches, alternating which goes first, so that the
+//! server's merges and the host's disk weigh on both alike; a turn of the
+//! store ends once its last commit row has landed
+//! (`flush_gateway_commits`), so that no work of one side runs in the
+//! other's time. Each side's count is checked at the end.
 //!
 //! **Queries**: `--query-events` events (default 10 M, 30 days) loaded
 //! through the store, then the `opgraph-cloud` binary serves them. For each
@@ -24,7 +26,8 @@
 //! without the client's process start).
 //!
 //! Options (after `--`): `--only=insert|queries`, `--events=N` (200000 per
-//! side per round), `--batch=N` (1000), `--rounds=N` (3),
+//! side per round), `--batch=N` (1000), `--block=N` (10 batches per
+//! turn), `--rounds=N` (3),
 //! `--query-events=N` (10000000), `--load-batch=N` (20000), `--runs=N` (5),
 //! `--show-sql` (print each replayed statement with its time),
 //! `--case=TEXT` (only the query cases whose label contains TEXT).
@@ -53,6 +56,7 @@ struct Options {
     only: Option<String>,
     events: usize,
     batch: usize,
+    block: usize,
     rounds: usize,
     query_events: u64,
     load_batch: usize,
@@ -66,6 +70,7 @@ fn options() -> Options {
         only: None,
         events: 200_000,
         batch: 1000,
+        block: 10,
         rounds: 3,
         query_events: 10_000_000,
         load_batch: 20_000,
@@ -80,6 +85,7 @@ fn options() -> Options {
             "--only" => o.only = Some(v.to_owned()),
             "--events" => o.events = number(),
             "--batch" => o.batch = number().max(1),
+            "--block" => o.block = number().max(1),
             "--rounds" => o.rounds = number().max(1),
             "--query-events" => o.query_events = number() as u64,
             "--load-batch" => o.load_batch = number().max(1),
@@ -184,8 +190,8 @@ struct Round {
     ours: Duration,
 }
 
-/// One round, batch by batch: each batch goes to both sides, taking turns
-/// at going first, so that merges running on the server and the host's
+/// One round, in turns of `block` batches per side, alternating which
+/// side goes first, so that merges running on the server and the host's
 /// disk weather fall on both sides alike.
 async fn run_round(
     store: &ClickHouseStore,
@@ -193,18 +199,24 @@ async fn run_round(
     sequence: &mut u64,
     raw: &Client,
     events: Vec<NewEvent>,
-    batch: usize,
+    (batch, block): (usize, usize),
 ) -> Round {
     let mut timed = Round::default();
-    for (i, batch) in batches(events, batch).into_iter().enumerate() {
+    let batches = batches(events, batch);
+    for (i, turn) in batches.chunks(block).enumerate() {
         for side in [i % 2, 1 - i % 2] {
-            let batch = batch.clone();
+            let turn = turn.to_vec();
             let started = Instant::now();
             if side == 0 {
-                timed.flattening += raw_insert(raw, batch).await;
+                for batch in turn {
+                    timed.flattening += raw_insert(raw, batch).await;
+                }
                 timed.raw += started.elapsed();
             } else {
-                commit_batch(store, epoch, sequence, batch).await;
+                for batch in turn {
+                    commit_batch(store, epoch, sequence, batch).await;
+                }
+                store.flush_gateway_commits().await.expect("commit rows land");
                 timed.ours += started.elapsed();
             }
         }
@@ -229,8 +241,8 @@ async fn insert_part(o: &Options) {
         .expect("open a gateway session")
         .epoch;
     println!(
-        "\nInsert: {} events per side per round in batches of {}, {} rounds, clickhouse-server 18.16 on 127.0.0.1",
-        o.events, o.batch, o.rounds
+        "\nInsert: {} events per side per round in batches of {}, turns of {} batches, {} rounds, clickhouse-server 18.16 on 127.0.0.1",
+        o.events, o.batch, o.block, o.rounds
     );
     println!(
         "  round   raw ev/s (rows built + insert)   raw insert only   opgraph ev/s   ratio   ratio to insert only"
@@ -241,7 +253,7 @@ async fn insert_part(o: &Options) {
         let events =
             history(round as u64 * o.events as u64..(round as u64 + 1) * o.events as u64, total);
         let n = events.len() as f64;
-        let timed = run_round(&store, epoch, &mut sequence, &raw, events, o.batch).await;
+        let timed = run_round(&store, epoch, &mut sequence, &raw, events, (o.batch, o.block)).await;
         let (raw_secs, flattening, our_secs) =
             (timed.raw.as_secs_f64(), timed.flattening.as_secs_f64(), timed.ours.as_secs_f64());
         let (raw_rate, insert_only, our_rate) =

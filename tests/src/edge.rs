@@ -39,13 +39,24 @@ pub struct CloudProc {
 impl CloudProc {
     /// A cloud on `dir` with its receivers on `grpc` / `quic` (port 0: any).
     pub async fn start(dir: &Path, grpc: &str, quic: &str) -> CloudProc {
-        let env = [
+        CloudProc::start_with(dir, grpc, quic, &[]).await
+    }
+
+    /// [`CloudProc::start`] with more environment (another store).
+    pub async fn start_with(
+        dir: &Path,
+        grpc: &str,
+        quic: &str,
+        more: &[(&str, String)],
+    ) -> CloudProc {
+        let mut env = vec![
             ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".to_owned()),
             ("OPGRAPH_GRPC_ADDR", grpc.to_owned()),
             ("OPGRAPH_QUIC_ADDR", quic.to_owned()),
             ("OPGRAPH_DATA_DIR", dir.display().to_string()),
             ("OPGRAPH_BOOTSTRAP_KEY", TEST_BOOTSTRAP_KEY.to_owned()),
         ];
+        env.extend(more.iter().cloned());
         let mut expect = vec!["http"];
         expect.extend(
             [("grpc", grpc), ("quic", quic)].iter().filter(|(_, a)| *a != "off").map(|(n, _)| *n),

@@ -11,6 +11,8 @@
 //! cloud's database after it stopped, because 200,000 ids are more than the
 //! list API pages through in a test.
 //!
+//! The gRPC run is repeated on the ClickHouse store, with fewer events.
+//!
 //! Power cut: the gateway is SIGKILLed at random moments while four
 //! producers append as fast as they can (50 times; `OPGRAPH_SOAK_KILLS`
 //! raises it). Every append that was acknowledged must be in the buffer,
@@ -22,6 +24,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use opgraph_gateway::buffer::{Buffer, BufferConfig, LogBuffer};
+use opgraph_tests::clickhouse::ClickHouse;
 use opgraph_tests::edge::{CloudProc, Gateway, Transport, eventually, gateway_config};
 use opgraph_tests::{Process, TEST_BOOTSTRAP_KEY};
 use prost::Message;
@@ -85,6 +88,45 @@ async fn wait_progress(progress: &mut watch::Receiver<usize>, at_least: usize) {
         .unwrap();
 }
 
+/// Where the cloud of a chaos run stores: the embedded default, or a
+/// private clickhouse-server.
+enum Backend {
+    Embedded,
+    ClickHouse(ClickHouse),
+}
+
+impl Backend {
+    fn env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Backend::Embedded => Vec::new(),
+            Backend::ClickHouse(server) => vec![
+                ("OPGRAPH_STORE", "clickhouse".to_owned()),
+                ("OPGRAPH_CLICKHOUSE_URL", server.url()),
+                ("OPGRAPH_CLICKHOUSE_DATABASE", CHAOS_DATABASE.to_owned()),
+            ],
+        }
+    }
+
+    /// `(events, distinct messageIds)` named `chaos.tick`, once the cloud
+    /// has stopped.
+    async fn stored_counts(&self, cloud_dir: &Path) -> (i64, i64) {
+        match self {
+            Backend::Embedded => stored_counts(cloud_dir),
+            Backend::ClickHouse(server) => {
+                let client = clickhouse::Client::default()
+                    .with_url(server.url())
+                    .with_database(CHAOS_DATABASE)
+                    .with_validation(false);
+                let sql = "SELECT toInt64(count()), toInt64(uniqExact(message_id)) FROM events
+                           WHERE event = 'chaos.tick'";
+                client.query(sql).fetch_one::<(i64, i64)>().await.unwrap()
+            }
+        }
+    }
+}
+
+const CHAOS_DATABASE: &str = "opgraph_chaos";
+
 /// `(events, distinct messageIds)` named `chaos.tick` in a stopped cloud's
 /// store.
 fn stored_counts(cloud_dir: &Path) -> (i64, i64) {
@@ -101,12 +143,12 @@ fn stored_counts(cloud_dir: &Path) -> (i64, i64) {
     .unwrap()
 }
 
-async fn exactly_once_under_chaos(transport: Transport) {
-    let total = chaos_events();
+async fn exactly_once_under_chaos(transport: Transport, backend: Backend, total: usize) {
     let chunks = total.div_ceil(CHUNK);
     let tmp = tempfile::tempdir().unwrap();
     let cloud_dir = tmp.path().join("cloud");
-    let cloud = CloudProc::start(&cloud_dir, "127.0.0.1:0", "127.0.0.1:0").await;
+    let env = backend.env();
+    let cloud = CloudProc::start_with(&cloud_dir, "127.0.0.1:0", "127.0.0.1:0", &env).await;
     let (grpc, quic) = (cloud.receiver(Transport::Grpc), cloud.receiver(Transport::Quic));
     let protocol = if transport == Transport::Grpc { "tcp" } else { "udp" };
     let upstream = cloud.receiver(transport);
@@ -149,7 +191,7 @@ async fn exactly_once_under_chaos(transport: Transport) {
     partition(&proxy).await;
     wait_progress(&mut progress, chunks / 2).await;
     cloud.process.kill9().await.unwrap();
-    let cloud = CloudProc::start(&cloud_dir, &grpc, &quic).await;
+    let cloud = CloudProc::start_with(&cloud_dir, &grpc, &quic, &env).await;
 
     wait_progress(&mut progress, chunks * 2 / 3).await;
     gateway.process.kill9().await.unwrap();
@@ -168,7 +210,7 @@ async fn exactly_once_under_chaos(transport: Transport) {
     assert_eq!(health["uplink"]["connected"], true, "{health}");
     assert!(cloud.process.terminate().await.unwrap().success());
 
-    let (events, distinct) = stored_counts(&cloud_dir);
+    let (events, distinct) = backend.stored_counts(&cloud_dir).await;
     assert_eq!(distinct, total as i64, "{transport:?}: every event arrived");
     assert_eq!(events, total as i64, "{transport:?}: no event arrived twice");
     let summary = proxy.terminate().await.unwrap();
@@ -177,12 +219,22 @@ async fn exactly_once_under_chaos(transport: Transport) {
 
 #[tokio::test]
 async fn grpc_exactly_once_under_loss_partitions_and_kills() {
-    exactly_once_under_chaos(Transport::Grpc).await;
+    exactly_once_under_chaos(Transport::Grpc, Backend::Embedded, chaos_events()).await;
 }
 
 #[tokio::test]
 async fn quic_exactly_once_under_loss_partitions_and_kills() {
-    exactly_once_under_chaos(Transport::Quic).await;
+    exactly_once_under_chaos(Transport::Quic, Backend::Embedded, chaos_events()).await;
+}
+
+/// The same on the ClickHouse store, whose gateway acks are recorded after
+/// they are sent (a killed cloud may answer an older ack after restart).
+/// A quarter of the events: ClickHouse shares the two cores.
+#[tokio::test]
+async fn clickhouse_exactly_once_under_loss_partitions_and_kills() {
+    let server = ClickHouse::start().await.expect("a private ClickHouse server");
+    let total = chaos_events() / 4;
+    exactly_once_under_chaos(Transport::Grpc, Backend::ClickHouse(server), total).await;
 }
 
 /// Appends batches of 20 as fast as the gateway takes them; returns the ids

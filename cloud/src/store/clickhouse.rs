@@ -89,6 +89,35 @@ pub struct ClickHouseStore {
     sessions: gateway::KnownSessions,
 }
 
+/// The client and, on a replicated cluster, the table's insert lock.
+struct Inserter {
+    client: Client,
+    table_lock: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl Inserter {
+    async fn insert<T>(&self, table: &str, rows: &[T::Value<'_>]) -> Result<()>
+    where
+        T: clickhouse::RowWrite,
+    {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let _guard = match &self.table_lock {
+            Some(lock) => Some(lock.lock().await),
+            None => None,
+        };
+        run(async {
+            let mut insert = self.client.insert::<T>(table).await?;
+            for row in rows {
+                insert.write(row).await?;
+            }
+            insert.end().await
+        })
+        .await
+    }
+}
+
 /// Versions and insertion order: wall-clock microseconds, strictly
 /// increasing within the process and above anything already stored.
 struct Clock(AtomicU64);
@@ -439,9 +468,12 @@ impl ClickHouseStore {
     where
         T: clickhouse::RowWrite,
     {
-        if rows.is_empty() {
-            return Ok(());
-        }
+        self.inserter(table)?.insert::<T>(table, rows).await
+    }
+
+    /// What an insert into `table` needs, owned, so that a spawned task
+    /// can make it after the call that started it has returned.
+    fn inserter(&self, table: &str) -> Result<Inserter> {
         let table_lock = match &self.cluster {
             Some(cluster) if cluster.replicas > 1 => {
                 let mut locks =
@@ -450,18 +482,7 @@ impl ClickHouseStore {
             }
             _ => None,
         };
-        let _guard = match &table_lock {
-            Some(lock) => Some(lock.lock().await),
-            None => None,
-        };
-        run(async {
-            let mut insert = self.client.insert::<T>(table).await?;
-            for row in rows {
-                insert.write(row).await?;
-            }
-            insert.end().await
-        })
-        .await
+        Ok(Inserter { client: self.client.clone(), table_lock })
     }
 
     async fn business_exists_impl(&self, ws: &str, business_id: &str) -> Result<bool> {
@@ -694,6 +715,13 @@ impl Store for ClickHouseStore {
     }
 
     async fn usage(&self, workspace_id: &str, from_ms: i64, to_ms: i64) -> Result<UsageTotals> {
+        let (from_day, to_day) = (from_ms.div_euclid(DAY_MS), to_ms.div_euclid(DAY_MS));
+        let today = crate::now_ms().div_euclid(DAY_MS);
+        let uncounted = if (from_day..=to_day).contains(&today) {
+            self.uncounted_gateway_events(workspace_id).await?
+        } else {
+            0
+        };
         let read: UsageRead = run(self
             .client
             .query(
@@ -706,21 +734,21 @@ impl Store for ClickHouseStore {
                  )",
             )
             .bind(workspace_id)
-            .bind(from_ms.div_euclid(DAY_MS))
-            .bind(to_ms.div_euclid(DAY_MS))
+            .bind(from_day)
+            .bind(to_day)
             .bind(workspace_id)
-            .bind(from_ms.div_euclid(DAY_MS))
-            .bind(to_ms.div_euclid(DAY_MS))
+            .bind(from_day)
+            .bind(to_day)
             .sent()
             .fetch_one())
         .await?;
-        Ok(UsageTotals { events_ingested: read.events_ingested, api_calls: read.api_calls })
+        let events_ingested = read.events_ingested.saturating_add(uncounted);
+        Ok(UsageTotals { events_ingested, api_calls: read.api_calls })
     }
 
     async fn close(&self) -> Result<()> {
-        // Every write is on the server when its call returns: nothing to
-        // flush.
-        Ok(())
+        // Every other write is on the server when its call returns.
+        self.flush_gateway_commits().await
     }
 }
 

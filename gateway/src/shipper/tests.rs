@@ -199,6 +199,27 @@ async fn a_restarted_shipper_resumes_where_the_cloud_stands() {
     running.stop().await;
 }
 
+/// A cloud may send an ack before it records it (the ClickHouse store
+/// does); after a crash in between, its Hello answers an older ack than
+/// the gateway has trimmed to. The resent range then starts there, with
+/// the trimmed records as holes, and nothing is lost or sent twice.
+#[tokio::test(start_paused = true)]
+async fn a_cloud_that_forgot_its_latest_acks_gets_only_what_it_lacks() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    let mut ids = append(buffer.as_ref(), 0, 300).await;
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    running.wait_acked(300).await;
+    assert_eq!(buffer.stats().pending_records, 0, "trimmed up to the ack");
+    cloud.forget_acks_after(120);
+    ids.extend(append(buffer.as_ref(), 300, 50).await);
+    running.wait_acked(350).await;
+    assert_eq!(cloud.sessions(), 2);
+    assert_eq!(cloud.acked(), 350);
+    assert_exactly_once(&cloud, &ids);
+    running.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn batches_respect_the_limits_and_the_window() {
     let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());

@@ -4,7 +4,8 @@
 //! [`MemoryCloud`] follows the cloud's delivery rules (epochs and fencing,
 //! ranges that must join the stored prefix, cumulative acks, nothing stored
 //! twice) and can misbehave on request: refuse connections or the
-//! credential, lose acknowledgements, answer RETRY_LATER, fence a session.
+//! credential, lose acknowledgements, answer RETRY_LATER, fence a session,
+//! forget its latest acks.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -76,6 +77,15 @@ impl MemoryCloud {
         self.state().epoch += 1;
     }
 
+    /// The cloud restarts having recorded its acks only up to `seq` (it
+    /// may record an ack after sending it): the current session is fenced
+    /// and the next resumes there. What it stored stays stored.
+    pub fn forget_acks_after(&self, seq: u64) {
+        let mut state = self.state();
+        state.acked = state.acked.min(seq);
+        state.epoch += 1;
+    }
+
     /// Ids stored, in sequence order.
     pub fn stored_ids(&self) -> Vec<String> {
         self.state().stored.values().cloned().collect()
@@ -130,6 +140,10 @@ impl MemoryCloud {
         } else if last > state.acked {
             let acked = state.acked;
             for event in batch.events.iter().filter(|e| e.sequence > acked) {
+                // Found by id, as the cloud does after forgetting acks.
+                if state.stored.get(&event.sequence) == Some(&event.id) {
+                    continue;
+                }
                 state.stored.insert(event.sequence, event.id.clone());
                 state.commits.push(event.id.clone());
             }

@@ -1,21 +1,28 @@
 //! [`GatewayStore`] on ClickHouse: a batch is two inserts, its events and
 //! then one `gateway_commits` row carrying the new ack, the number of
-//! events it stored (usage sums these rows) and a reservation. A crash
-//! between the two leaves the ack behind the data; the redelivered batch
-//! then finds its event ids stored and adds nothing (see
-//! [`super::events::stored_ids`]).
+//! events it stored (usage sums these rows) and a reservation.
+//!
+//! The batch is acknowledged once its events are stored; its commit row is
+//! written in the background, while the gateway's next batch is inserted,
+//! and waited for before the next row (so one is in flight per gateway).
+//! A row only records what is already true, so losing it costs no data: a
+//! failed row leaves its count to the next one, and after a crash the
+//! store answers the older ack it holds. The gateway then resends from
+//! there: what it already trimmed is absent from the batch (a hole, as
+//! for dropped records), and what it still holds is found stored by id
+//! (see [`super::events::stored_ids`]). Only a crash loses the count of
+//! such events for usage.
 //!
 //! That id lookup costs the server about as much as the insert, so it is
 //! made only while events above the ack may be stored. No event above the
-//! gateway's reservation (`max(reserved_sequence)`) is ever stored: a batch
-//! reaching past it first writes a commit row that raises it, and every
-//! commit row raises it a few batches ahead, so in steady state this costs
-//! nothing. Hence:
-//! - a session read from the database (after a restart, or a failed
-//!   commit, which forgets the session) checks ids up to the reservation
-//!   it read;
-//! - a session whose commits in this process all succeeded has nothing
-//!   stored above its ack, and checks none.
+//! gateway's durable reservation (`max(reserved_sequence)` of the rows
+//! that landed) is ever stored: a batch reaching past it first writes a
+//! commit row that raises it, and every commit row raises it a few batches
+//! ahead, so in steady state this costs nothing. Hence:
+//! - a session read from the database (after a restart) checks ids up to
+//!   the reservation it read;
+//! - after a failed insert, the session checks ids up to its reservation;
+//! - otherwise nothing is stored above the ack, and no id is checked.
 //!
 //! Sessions are kept in memory once read or written: the workspace's lock
 //! is this process's already, so no other writer can move them (one cloud
@@ -23,6 +30,7 @@
 //! no query for its session.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -91,11 +99,14 @@ struct Known {
     epoch: u64,
     acked_sequence: u64,
     buffer_id: String,
-    /// No event of the gateway above it is stored.
+    /// A durable reservation: no event of the gateway above it is stored.
     reserved: u64,
     /// Events up to it may be stored above the ack: batches below it
     /// check their ids.
     unsure_upto: u64,
+    /// Events stored whose count no commit row holds yet (its write
+    /// failed): the next row carries them.
+    uncounted: u64,
 }
 
 impl Known {
@@ -113,34 +124,88 @@ impl Known {
             (None, None) => (0, 0),
         };
         let buffer_id = session.map(|s| s.buffer_id).unwrap_or_default();
-        Some(Known { epoch, acked_sequence, buffer_id, reserved, unsure_upto })
+        Some(Known { epoch, acked_sequence, buffer_id, reserved, unsure_upto, uncounted: 0 })
     }
 }
 
-/// Sessions as this process last read or wrote them, by workspace and
-/// gateway.
+/// A commit row being written while the gateway's next batch goes on.
+struct Pending {
+    write: tokio::task::JoinHandle<Result<()>>,
+    /// The reservation the row makes durable.
+    reserved: u64,
+    /// The events it counts.
+    counted: u64,
+}
+
+type Key = (String, String);
+
+fn key(ws: &str, gateway: &str) -> Key {
+    (ws.to_owned(), gateway.to_owned())
+}
+
+/// Sessions as this process last read or wrote them, and the commit rows
+/// in flight, by workspace and gateway.
 #[derive(Default)]
-pub(super) struct KnownSessions(Mutex<HashMap<(String, String), Known>>);
+pub(super) struct KnownSessions {
+    known: Mutex<HashMap<Key, Known>>,
+    pending: Mutex<HashMap<Key, Pending>>,
+}
+
+fn poisoned<T>(_: T) -> Error {
+    Error::internal("gateway sessions poisoned")
+}
 
 impl KnownSessions {
-    fn map(&self) -> Result<std::sync::MutexGuard<'_, HashMap<(String, String), Known>>> {
-        self.0.lock().map_err(|_| Error::internal("gateway sessions poisoned"))
-    }
-
     fn get(&self, ws: &str, gateway: &str) -> Result<Option<Known>> {
-        Ok(self.map()?.get(&(ws.to_owned(), gateway.to_owned())).cloned())
+        Ok(self.known.lock().map_err(poisoned)?.get(&key(ws, gateway)).cloned())
     }
 
     /// `None` forgets the session: its next use reads it back.
     fn set(&self, ws: &str, gateway: &str, session: Option<Known>) -> Result<()> {
-        let key = (ws.to_owned(), gateway.to_owned());
-        let mut map = self.map()?;
+        let mut map = self.known.lock().map_err(poisoned)?;
         match session {
-            Some(session) => map.insert(key, session),
-            None => map.remove(&key),
+            Some(session) => map.insert(key(ws, gateway), session),
+            None => map.remove(&key(ws, gateway)),
         };
         Ok(())
     }
+
+    fn take_pending(&self, ws: &str, gateway: &str) -> Result<Option<Pending>> {
+        Ok(self.pending.lock().map_err(poisoned)?.remove(&key(ws, gateway)))
+    }
+
+    fn set_pending(&self, ws: &str, gateway: &str, pending: Pending) -> Result<()> {
+        self.pending.lock().map_err(poisoned)?.insert(key(ws, gateway), pending);
+        Ok(())
+    }
+
+    /// The keys with a commit row in flight, of workspace `ws` (all with
+    /// `None`).
+    fn with_pending(&self, ws: Option<&str>) -> Result<Vec<Key>> {
+        let pending = self.pending.lock().map_err(poisoned)?;
+        Ok(pending.keys().filter(|(w, _)| ws.is_none_or(|ws| w == ws)).cloned().collect())
+    }
+
+    /// The keys whose sessions hold uncounted events, of workspace `ws`
+    /// (all with `None`).
+    fn with_uncounted(&self, ws: Option<&str>) -> Result<Vec<(Key, u64)>> {
+        let known = self.known.lock().map_err(poisoned)?;
+        Ok(known
+            .iter()
+            .filter(|((w, _), k)| k.uncounted > 0 && ws.is_none_or(|ws| w == ws))
+            .map(|(key, k)| (key.clone(), k.uncounted))
+            .collect())
+    }
+}
+
+/// One `gateway_commits` row, before its day is stamped.
+#[derive(Clone, Copy)]
+struct Commit {
+    epoch: u64,
+    acked_sequence: u64,
+    reserved_sequence: u64,
+    events_ingested: u64,
+    version: u64,
 }
 
 impl ClickHouseStore {
@@ -194,44 +259,132 @@ impl ClickHouseStore {
         saved
     }
 
-    async fn insert_commit(
+    /// The write of one commit row, owning what it needs, so that it can
+    /// run as a task of its own.
+    fn commit_write(
         &self,
         ws: &str,
         gateway: &str,
-        epoch: u64,
-        acked_sequence: u64,
-        reserved_sequence: u64,
-        inserted: usize,
-    ) -> Result<()> {
-        let row = CommitRow {
-            workspace_id: ws,
-            gateway_id: gateway,
-            epoch,
-            acked_sequence,
-            reserved_sequence,
-            day: crate::now_ms().div_euclid(DAY_MS),
-            events_ingested: inserted as u64,
-            version: self.clock.next(),
-        };
-        self.insert_rows::<CommitRow<'_>>("gateway_commits", &[row]).await
+        commit: Commit,
+    ) -> Result<impl Future<Output = Result<()>> + Send + 'static> {
+        let inserter = self.inserter("gateway_commits")?;
+        let (ws, gateway) = (ws.to_owned(), gateway.to_owned());
+        let day = crate::now_ms().div_euclid(DAY_MS);
+        Ok(async move {
+            let row = CommitRow {
+                workspace_id: &ws,
+                gateway_id: &gateway,
+                epoch: commit.epoch,
+                acked_sequence: commit.acked_sequence,
+                reserved_sequence: commit.reserved_sequence,
+                day,
+                events_ingested: commit.events_ingested,
+                version: commit.version,
+            };
+            inserter.insert::<CommitRow<'_>>("gateway_commits", &[row]).await
+        })
     }
 
-    /// Stores an admitted batch: the events above `acked`, then its commit
-    /// row. Returns the session as it now stands and the events stored.
+    /// Waits for the gateway's commit row in flight, if any. A row that
+    /// landed makes its reservation durable; one that failed leaves its
+    /// count to the next row, and its ack to the next row (or, after a
+    /// restart, to the id check up to the reservation).
+    async fn settle(&self, ws: &str, gateway: &str, known: &mut Known) -> Result<()> {
+        let Some(pending) = self.sessions.take_pending(ws, gateway)? else { return Ok(()) };
+        let failure = match pending.write.await {
+            Ok(Ok(())) => {
+                known.reserved = known.reserved.max(pending.reserved);
+                return Ok(());
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(
+            workspace = %ws, gateway = %gateway, error = %failure,
+            "a gateway commit row failed; the next one carries its count"
+        );
+        known.uncounted = known.uncounted.saturating_add(pending.counted);
+        Ok(())
+    }
+
+    /// Settles the commit rows in flight of workspace `ws` (every
+    /// workspace with `None`), under each workspace's lock.
+    async fn settle_all(&self, ws: Option<&str>) -> Result<()> {
+        for (ws, gateway) in self.sessions.with_pending(ws)? {
+            let lock = self.lock_for(&ws)?;
+            let _guard = lock.lock().await;
+            let known = self.sessions.get(&ws, &gateway)?;
+            let mut settled = known.clone().unwrap_or_default();
+            self.settle(&ws, &gateway, &mut settled).await?;
+            // A forgotten session is read back at its next use.
+            if known.is_some() {
+                self.sessions.set(&ws, &gateway, Some(settled))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Events of workspace `ws` stored by gateway batches whose commit
+    /// rows did not land yet: usage adds them, so that it never lags.
+    pub(super) async fn uncounted_gateway_events(&self, ws: &str) -> Result<u64> {
+        self.settle_all(Some(ws)).await?;
+        Ok(self.sessions.with_uncounted(Some(ws))?.iter().map(|(_, n)| n).sum())
+    }
+
+    /// Waits for every commit row in flight and writes the counts of
+    /// failed ones: on shutdown, so that a restart reads the acks sent and
+    /// checks no ids, and wherever the rows must be on the server.
+    pub async fn flush_gateway_commits(&self) -> Result<()> {
+        self.settle_all(None).await?;
+        for ((ws, gateway), _) in self.sessions.with_uncounted(None)? {
+            let lock = self.lock_for(&ws)?;
+            let _guard = lock.lock().await;
+            let Some(mut known) = self.sessions.get(&ws, &gateway)? else { continue };
+            let commit = Commit {
+                epoch: known.epoch,
+                acked_sequence: known.acked_sequence,
+                reserved_sequence: known.reserved,
+                events_ingested: known.uncounted,
+                version: self.clock.next(),
+            };
+            self.commit_write(&ws, &gateway, commit)?.await?;
+            known.uncounted = 0;
+            self.sessions.set(&ws, &gateway, Some(known))?;
+        }
+        Ok(())
+    }
+
+    /// Stores an admitted batch: the events above `acked`, then starts its
+    /// commit row, which the next batch (or a usage read, or shutdown)
+    /// waits for. The batch counts as stored once its events are: the row
+    /// only records that, and a crash before it lands is covered by the
+    /// reservation. Returns the events stored.
     async fn store_batch(
         &self,
         (ws, gateway): (&str, &str),
-        mut known: Known,
+        known: &mut Known,
         acked: u64,
         (first, last): (u64, u64),
         batch: Vec<(u64, NewEvent)>,
-    ) -> Result<(Known, usize)> {
+    ) -> Result<usize> {
         let span = last.saturating_sub(first).saturating_add(1);
         let ahead = last.saturating_add(span.saturating_mul(RESERVE_BATCHES));
         if last > known.reserved {
+            // The row in flight may raise it.
+            self.settle(ws, gateway, known).await?;
+        }
+        if last > known.reserved {
             // Durable before any event above the old reservation is.
-            self.insert_commit(ws, gateway, known.epoch, acked, ahead, 0).await?;
+            let commit = Commit {
+                epoch: known.epoch,
+                acked_sequence: acked,
+                reserved_sequence: ahead,
+                events_ingested: known.uncounted,
+                version: self.clock.next(),
+            };
+            self.commit_write(ws, gateway, commit)?.await?;
             known.reserved = ahead;
+            known.uncounted = 0;
         }
         let fresh: Vec<_> = batch
             .into_iter()
@@ -244,10 +397,23 @@ impl ClickHouseStore {
         } else {
             events::store_rows_uncounted(self, ws, fresh, check_ids).await?.1
         };
-        known.reserved = known.reserved.max(ahead);
-        self.insert_commit(ws, gateway, known.epoch, last, known.reserved, inserted).await?;
+        // One row in flight per gateway: the previous one has had this
+        // batch's insert to land.
+        self.settle(ws, gateway, known).await?;
+        let commit = Commit {
+            epoch: known.epoch,
+            acked_sequence: last,
+            reserved_sequence: known.reserved.max(ahead),
+            events_ingested: known.uncounted.saturating_add(inserted as u64),
+            version: self.clock.next(),
+        };
+        let write = tokio::spawn(self.commit_write(ws, gateway, commit)?);
+        let pending =
+            Pending { write, reserved: commit.reserved_sequence, counted: commit.events_ingested };
+        self.sessions.set_pending(ws, gateway, pending)?;
+        known.uncounted = 0;
         known.acked_sequence = last;
-        Ok((known, inserted))
+        Ok(inserted)
     }
 }
 
@@ -294,25 +460,21 @@ impl GatewayStore for ClickHouseStore {
     ) -> Result<BatchCommit> {
         let lock = self.lock_for(workspace_id)?;
         let _guard = lock.lock().await;
-        let known = self.load_session(workspace_id, gateway_id).await?.unwrap_or_default();
+        let mut known = self.load_session(workspace_id, gateway_id).await?.unwrap_or_default();
         let acked =
             match BatchCommit::admit(known.epoch, known.acked_sequence, epoch, (first, last)) {
                 Ok(acked) => acked,
                 Err(answer) => return Ok(answer),
             };
         let ids = (workspace_id, gateway_id);
-        match self.store_batch(ids, known, acked, (first, last), batch).await {
-            Ok((known, inserted)) => {
-                self.sessions.set(workspace_id, gateway_id, Some(known))?;
-                Ok(BatchCommit::Acked { acked_sequence: last, inserted })
-            }
-            Err(e) => {
-                // Some of it may have landed: read back the ack and the
-                // reservation, and check ids up to it.
-                self.sessions.set(workspace_id, gateway_id, None)?;
-                Err(e)
-            }
+        let stored = self.store_batch(ids, &mut known, acked, (first, last), batch).await;
+        if stored.is_err() {
+            // Some of its events may have landed, none above the
+            // reservation: the redelivery checks ids up to it.
+            known.unsure_upto = known.unsure_upto.max(known.reserved);
         }
+        self.sessions.set(workspace_id, gateway_id, Some(known))?;
+        Ok(BatchCommit::Acked { acked_sequence: last, inserted: stored? })
     }
 }
 
@@ -363,7 +525,14 @@ mod tests {
         let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
         let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3));
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
+        store.flush_gateway_commits().await.unwrap();
         epoch
+    }
+
+    /// Events counted by the commit rows on the server.
+    async fn counted(store: &ClickHouseStore) -> u64 {
+        let sql = "SELECT sum(events_ingested) FROM gateway_commits";
+        store.client.query(sql).fetch_one().await.unwrap()
     }
 
     async fn stored(store: &ClickHouseStore) -> u64 {
@@ -404,22 +573,54 @@ mod tests {
         assert_eq!(usage.events_ingested, 3 + 24 + 10);
     }
 
-    /// A commit whose events landed but whose commit row did not (the
-    /// table is detached in between) forgets the session: the redelivered
-    /// batch is checked by id in the same process and stored once.
+    /// A batch is acknowledged once its events are stored; its commit row
+    /// follows. One that fails (the table is detached meanwhile) leaves
+    /// its count to the next row, and usage counts it meanwhile.
     #[tokio::test]
-    async fn a_failed_commit_makes_the_next_batch_check_its_ids() {
+    async fn a_failed_commit_row_leaves_its_count_to_the_next() {
         let server = ClickHouse::start().await.unwrap();
         let store = open(&server).await;
         let epoch = first_batch(&store).await;
         store.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
-        let failed = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6)).await;
-        assert!(failed.is_err(), "{failed:?}");
-        assert_eq!(stored(&store).await, 6, "the events landed");
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 3 });
+        store.flush_gateway_commits().await.unwrap_err();
         store.client.query("ATTACH TABLE gateway_commits").execute().await.unwrap();
-        let again = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
-        assert_eq!(again.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 0 });
-        assert_eq!(stored(&store).await, 6);
+        assert_eq!(counted(&store).await, 3, "the row of 4..=6 failed");
+        assert_eq!(store.usage(WS, 0, i64::MAX / 2).await.unwrap().events_ingested, 6);
+
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (7, 9), batch(7..=9));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 9, inserted: 3 });
+        store.close().await.unwrap();
+        assert_eq!(counted(&store).await, 9);
+        assert_eq!(store.usage(WS, 0, i64::MAX / 2).await.unwrap().events_ingested, 9);
+        assert_eq!(stored(&store).await, 9);
+    }
+
+    /// A crash after a batch was acknowledged but before its commit row
+    /// landed: the restarted store answers the older ack; the gateway
+    /// resends from there, without what it trimmed, and what it still
+    /// holds is found by id.
+    #[tokio::test]
+    async fn after_a_lost_commit_row_the_resend_stores_only_what_is_new() {
+        let server = ClickHouse::start().await.unwrap();
+        let before = open(&server).await;
+        let epoch = first_batch(&before).await;
+        before.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
+        let commit = before.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 3 });
+        before.flush_gateway_commits().await.unwrap_err();
+        before.client.query("ATTACH TABLE gateway_commits").execute().await.unwrap();
+        drop(before);
+
+        let after = open(&server).await;
+        let session = after.open_gateway_session(WS, GW, "buf-1").await.unwrap();
+        assert_eq!(session.acked_sequence, 3);
+        // 4 was trimmed after its ack; 5 and 6 were not yet.
+        let resend = batch(5..=10);
+        let commit = after.commit_gateway_batch(WS, GW, session.epoch, (4, 10), resend);
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 10, inserted: 4 });
+        assert_eq!(stored(&after).await, 10);
     }
 
     /// A session acknowledged before `gateway_commits` existed (a
