@@ -258,6 +258,7 @@ pub(super) async fn store_rows_uncounted(
     let mut seen: HashSet<String> = HashSet::new();
     let mut ids = Vec::with_capacity(rows.len());
     let mut fresh = Vec::new();
+    let mut found = Vec::new();
     for row in rows {
         if !row.message_id.is_empty()
             && let Some(first) = by_message.get(&row.message_id)
@@ -265,7 +266,15 @@ pub(super) async fn store_rows_uncounted(
             ids.push(first.clone());
             continue;
         }
-        if stored.contains(&row.id) || !seen.insert(row.id.clone()) {
+        if stored.contains(&row.id) {
+            if !row.message_id.is_empty() {
+                by_message.insert(row.message_id.clone(), row.id.clone());
+            }
+            ids.push(row.id.clone());
+            found.push(row);
+            continue;
+        }
+        if !seen.insert(row.id.clone()) {
             ids.push(row.id);
             continue;
         }
@@ -276,6 +285,13 @@ pub(super) async fn store_rows_uncounted(
         fresh.push(row);
     }
     insert_new(store, ws, &mut fresh, &HashSet::new()).await?;
+    // Events found stored by id may come from an attempt that failed
+    // between the events insert and their ledger rows: those are written
+    // again. Their observations are not (edges are counted, a second one
+    // would count twice; docs/storage.md).
+    if !found.is_empty() {
+        write_ledger(store, ws, &found).await?;
+    }
     Ok((ids, fresh.len()))
 }
 
@@ -297,15 +313,22 @@ pub(super) async fn insert_new(
     }
     store.insert_rows::<EventRow>("events", fresh).await?;
     super::graph::observe(store, ws, fresh, same_edge).await?;
+    write_ledger(store, ws, fresh).await
+}
+
+/// The `messageId` ledger rows and businesses of stored rows. Both are
+/// idempotent: the ledger keeps the first id per `messageId`, a business
+/// is registered once.
+async fn write_ledger(store: &ClickHouseStore, ws: &str, rows: &[EventRow]) -> Result<()> {
     let version = store.clock.next();
-    let ledger: Vec<MessageIdRow<'_>> = fresh
+    let ledger: Vec<MessageIdRow<'_>> = rows
         .iter()
         .filter(|r| !r.message_id.is_empty())
         .map(|r| MessageIdRow { workspace_id: ws, message_id: &r.message_id, id: &r.id, version })
         .collect();
     store.insert_rows::<MessageIdRow<'_>>("message_ids", &ledger).await?;
     let mut businesses: Vec<String> = Vec::new();
-    for row in fresh.iter() {
+    for row in rows {
         if !businesses.contains(&row.business_id) {
             businesses.push(row.business_id.clone());
         }

@@ -623,6 +623,46 @@ mod tests {
         assert_eq!(stored(&after).await, 10);
     }
 
+    /// An attempt whose events landed but whose derived rows did not (the
+    /// entity observations failed, so the `messageId` ledger and the
+    /// business were never written): the resend finds the events by id
+    /// and writes the ledger rows and the business, so a later event with
+    /// one of those `messageId`s is known as a replay.
+    #[tokio::test]
+    async fn a_resend_restores_the_ledger_rows_a_failed_attempt_lost() {
+        let server = ClickHouse::start().await.unwrap();
+        let store = open(&server).await;
+        let tote = |seq: u64| {
+            let event = opgraph_proto::Event::parse_json(&serde_json::json!({
+                "event": "tote.moved", "messageId": format!("m-{seq}"), "businessId": "site-7",
+                "entity": {"type": "tote", "id": format!("T-{seq}")},
+            }))
+            .unwrap();
+            NewEvent { id: format!("evt_{seq:04}"), received_at: 1, event }
+        };
+        let batch = || (1..=3).map(|seq| (seq, tote(seq))).collect::<Vec<_>>();
+        let ledger = "SELECT count() FROM message_ids";
+        let business = "SELECT count() FROM businesses WHERE id = 'site-7'";
+        let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
+        store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
+        store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch()).await.unwrap_err();
+        store.client.query("ATTACH TABLE entity_observations").execute().await.unwrap();
+        assert_eq!(stored(&store).await, 3);
+        assert_eq!(store.client.query(ledger).fetch_one::<u64>().await.unwrap(), 0);
+
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch());
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 0 });
+        assert_eq!(store.client.query(ledger).fetch_one::<u64>().await.unwrap(), 3);
+        assert_eq!(store.client.query(business).fetch_one::<u64>().await.unwrap(), 1);
+        // The same message under another id, as an HTTP retry would send it.
+        let mut replay = tote(2);
+        replay.id = "evt_other".into();
+        let rows = vec![events::to_row(WS, replay)];
+        let (ids, inserted) = events::store_rows_uncounted(&store, WS, rows, true).await.unwrap();
+        assert_eq!((ids, inserted), (vec!["evt_0002".to_owned()], 0));
+        assert_eq!(stored(&store).await, 3);
+    }
+
     /// A session acknowledged before `gateway_commits` existed (a
     /// `gateway_sessions` row, no commit rows) has no reservation: events
     /// above its ack are checked by id.
