@@ -122,14 +122,10 @@ fn history(range: std::ops::Range<u64>, total: u64) -> Vec<NewEvent> {
 
 /// `events` cut into batches of `size`.
 fn batches(events: Vec<NewEvent>, size: usize) -> Vec<Vec<NewEvent>> {
-    let mut out: Vec<Vec<NewEvent>> = Vec::new();
-    for (i, e) in events.into_iter().enumerate() {
-        if i % size == 0 {
-            out.push(Vec::with_capacity(size));
-        }
-        out.last_mut().unwrap().push(e);
-    }
-    out
+    let mut events = events.into_iter();
+    std::iter::from_fn(|| Some(events.by_ref().take(size.max(1)).collect::<Vec<_>>()))
+        .take_while(|batch| !batch.is_empty())
+        .collect()
 }
 
 /// Commits `batch` as the gateway batch numbered from `*sequence + 1`.

@@ -529,6 +529,18 @@ mod tests {
         epoch
     }
 
+    /// After [`first_batch`], stores 4..=6 with `gateway_commits` detached:
+    /// the batch is acknowledged, its commit row fails. Returns the epoch.
+    async fn acked_without_a_commit_row(store: &ClickHouseStore) -> u64 {
+        let epoch = first_batch(store).await;
+        store.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 3 });
+        store.flush_gateway_commits().await.unwrap_err();
+        store.client.query("ATTACH TABLE gateway_commits").execute().await.unwrap();
+        epoch
+    }
+
     /// Events counted by the commit rows on the server.
     async fn counted(store: &ClickHouseStore) -> u64 {
         let sql = "SELECT sum(events_ingested) FROM gateway_commits";
@@ -580,12 +592,7 @@ mod tests {
     async fn a_failed_commit_row_leaves_its_count_to_the_next() {
         let server = ClickHouse::start().await.unwrap();
         let store = open(&server).await;
-        let epoch = first_batch(&store).await;
-        store.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
-        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 3 });
-        store.flush_gateway_commits().await.unwrap_err();
-        store.client.query("ATTACH TABLE gateway_commits").execute().await.unwrap();
+        let epoch = acked_without_a_commit_row(&store).await;
         assert_eq!(counted(&store).await, 3, "the row of 4..=6 failed");
         assert_eq!(store.usage(WS, 0, i64::MAX / 2).await.unwrap().events_ingested, 6);
 
@@ -605,12 +612,7 @@ mod tests {
     async fn after_a_lost_commit_row_the_resend_stores_only_what_is_new() {
         let server = ClickHouse::start().await.unwrap();
         let before = open(&server).await;
-        let epoch = first_batch(&before).await;
-        before.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
-        let commit = before.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
-        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 3 });
-        before.flush_gateway_commits().await.unwrap_err();
-        before.client.query("ATTACH TABLE gateway_commits").execute().await.unwrap();
+        acked_without_a_commit_row(&before).await;
         drop(before);
 
         let after = open(&server).await;
