@@ -30,7 +30,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 
-pub use self::log::LogBuffer;
+pub use self::log::{FULL_GROUP_BYTES, LogBuffer};
 pub use self::memory::MemoryBuffer;
 pub use self::segment::RECORD_HEADER_BYTES;
 

@@ -38,6 +38,7 @@ use tokio::sync::{Notify, Semaphore, oneshot, watch};
 
 pub(super) use self::shared::lock;
 use self::shared::{Inbox, Request, Shared, State};
+pub use self::writer::FULL_GROUP_BYTES;
 use super::segment::encoded_len;
 use super::{Buffer, BufferConfig, BufferStats, OverflowPolicy, Record, cursor};
 use crate::error::{Error, Result};

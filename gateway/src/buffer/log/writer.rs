@@ -38,7 +38,7 @@ pub(super) use self::rolling::{create_segment, remove_segment};
 /// amount to do, and waiting would only add latency (and, for appenders
 /// that wait for their answer, cap throughput at one group per interval).
 /// Smaller means more fsyncs; the rate stays bounded by bytes per fsync.
-const FULL_GROUP_BYTES: u64 = 256 << 10;
+pub const FULL_GROUP_BYTES: u64 = 256 << 10;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
