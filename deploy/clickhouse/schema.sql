@@ -128,7 +128,10 @@ CREATE TABLE IF NOT EXISTS metric_snapshots (
 
 -- What events carrying `entity` said about entities and edges, one row per
 -- stored event; reads fold them (name: the latest given; properties: JSON
--- merge patches in storage order; edges: counted).
+-- merge patches in storage order; edges: counted). `seq` is the observing
+-- event's, so a resend that writes an observation again repeats its `seq`
+-- and reads count each `seq` once (edges stored before schema version 3
+-- have 0 and count one each).
 CREATE TABLE IF NOT EXISTS entity_observations (
     workspace_id String,
     type String,
@@ -147,7 +150,8 @@ CREATE TABLE IF NOT EXISTS relationship_observations (
     relation String,
     to_type String,
     to_id String,
-    ts Int64
+    ts Int64,
+    seq UInt64
 ) ENGINE = MergeTree() ORDER BY (workspace_id, from_type, from_id, relation, to_type, to_id);
 
 -- Gateway delivery: per gateway, the session epoch, buffer and ack as each

@@ -52,7 +52,13 @@ pub use events::{EventRow, to_row};
 /// The schema, applied statement by statement at every start.
 pub const SCHEMA: &str = include_str!("../../../deploy/clickhouse/schema.sql");
 /// 2: `gateway_commits` (acks, gateway usage and reservations).
-const SCHEMA_VERSION: u32 = 2;
+/// 3: `relationship_observations.seq` (see [`ADDED_COLUMNS`]).
+const SCHEMA_VERSION: u32 = 3;
+/// Columns added to a table after its first version, as (table, column,
+/// type): `CREATE TABLE IF NOT EXISTS` leaves a table made by an older
+/// version as it was, so [`ClickHouseStore::open`] adds what it lacks. Rows
+/// written before get the type's default.
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("relationship_observations", "seq", "UInt64")];
 /// Bound on one call to ClickHouse; past it the store counts as unavailable.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Health must answer quickly even when ClickHouse hangs.
@@ -283,6 +289,60 @@ where
     }
 }
 
+/// Adds the [`ADDED_COLUMNS`] that tables made by an older version lack:
+/// on a cluster to the local tables and to the Distributed ones over them.
+/// ClickHouse 18.16 has no `ADD COLUMN IF NOT EXISTS`, so `system.columns`
+/// (of the node the store talks to) says what is missing.
+async fn add_missing_columns(
+    client: &Client,
+    database: &str,
+    cluster: Option<&cluster::Cluster>,
+) -> Result<()> {
+    for &(table, column, kind) in ADDED_COLUMNS {
+        for (name, target) in alter_targets(table, database, cluster) {
+            let present: u64 = retried(|| {
+                client
+                    .query(
+                        "SELECT count() FROM system.columns
+                         WHERE database = ? AND table = ? AND name = ?",
+                    )
+                    .bind(database)
+                    .bind(name.as_str())
+                    .bind(column)
+                    .sent()
+                    .fetch_one()
+            })
+            .await?;
+            if present == 0 {
+                let alter = add_column(&target, column, kind);
+                retried(|| client.query(&alter).sent().execute()).await?;
+                tracing::info!(table = %name, column, "added a column of a newer schema version");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn add_column(target: &str, column: &str, kind: &str) -> String {
+    format!("ALTER TABLE {target} ADD COLUMN {column} {kind}")
+}
+
+/// Where a column of `table` goes: per table the store makes for it, its
+/// name in `system.columns` and what `ALTER TABLE` names.
+fn alter_targets(
+    table: &str,
+    database: &str,
+    cluster: Option<&cluster::Cluster>,
+) -> Vec<(String, String)> {
+    match cluster {
+        Some(cluster) => vec![
+            (format!("{table}_local"), cluster.local_table(table)),
+            (table.to_owned(), format!("{database}.{table} ON CLUSTER {}", cluster.name)),
+        ],
+        None => vec![(table.to_owned(), table.to_owned())],
+    }
+}
+
 /// The statements of [`SCHEMA`]: comments dropped, split at a semicolon
 /// that ends a line.
 pub fn schema_statements() -> Vec<String> {
@@ -408,6 +468,7 @@ impl ClickHouseStore {
         for statement in statements {
             retried(|| client.query(&statement).sent().execute()).await?;
         }
+        add_missing_columns(&client, &config.database, cluster.as_ref()).await?;
         let version: u32 =
             retried(|| client.query("SELECT max(version) FROM schema_version").sent().fetch_one())
                 .await?;
@@ -857,6 +918,11 @@ mod tests {
         emitted.extend(cluster.statements("opgraph", &schema_statements()).unwrap());
         emitted
             .push(format!("ALTER TABLE {} DELETE WHERE id = 'x'", cluster.local_table("events")));
+        for (table, column, kind) in ADDED_COLUMNS {
+            for (_, target) in alter_targets(table, "opgraph", Some(&cluster)) {
+                emitted.push(add_column(&target, column, kind));
+            }
+        }
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("statements.json");
         std::fs::write(&file, serde_json::to_string(&emitted).unwrap()).unwrap();
@@ -874,6 +940,35 @@ mod tests {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
+    }
+
+    /// A store made before schema version 3 (edges without `seq`) gets the
+    /// column at the next start; its edges keep counting one row each.
+    #[tokio::test]
+    async fn opening_an_older_schema_adds_the_missing_columns() {
+        let (store, server) = open().await;
+        let drop = "ALTER TABLE relationship_observations DROP COLUMN seq";
+        store.client.query(drop).execute().await.unwrap();
+        let legacy = "INSERT INTO relationship_observations
+            (workspace_id, from_type, from_id, relation, to_type, to_id, ts)
+            VALUES ('ws', 'scanner', 'S-1', 'tote.scanned', 'tote', 'T-1', 5)";
+        for _ in 0..2 {
+            store.client.query(legacy).execute().await.unwrap();
+        }
+        let config =
+            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
+        let reopened = ClickHouseStore::open(&config).await.unwrap();
+        let edges =
+            crate::store::queries::QueryStore::list_relationships(&reopened, "ws", None, 10);
+        let edges = edges.await.unwrap();
+        assert_eq!(edges.iter().map(|e| e.count).collect::<Vec<_>>(), [2]);
+        let seqs: Vec<u64> = reopened
+            .client
+            .query("SELECT seq FROM relationship_observations")
+            .fetch_all()
+            .await
+            .unwrap();
+        assert_eq!(seqs, [0, 0]);
     }
 
     #[test]

@@ -206,13 +206,16 @@ struct EdgeCount {
     to_type: String,
     to_id: String,
     ts: i64,
+    seq: u64,
     count: u64,
 }
 
 /// Takes one observation away from `relationship_observations` for each
-/// edge of `gone` (an edge twice, two). Observations carry no event id:
-/// the identical ones are counted, all deleted, and the others written
-/// back.
+/// edge of `gone` (an edge twice, two). An observation is one `seq` (its
+/// repeats by a resend included) or one row of `seq` 0 (stored before
+/// schema version 3); which one of identical edges goes does not matter.
+/// The matching rows are all deleted and the others written back, one row
+/// per `seq`.
 async fn forget_edges(store: &ClickHouseStore, ws: &str, gone: &[Edge]) -> Result<()> {
     let mut taken: HashMap<&Edge, u64> = HashMap::new();
     for edge in gone {
@@ -230,9 +233,9 @@ async fn forget_edges(store: &ClickHouseStore, ws: &str, gone: &[Edge]) -> Resul
             edge_binds(edge, &mut binds);
         }
         let sql = format!(
-            "SELECT from_type, from_id, relation, to_type, to_id, ts, count()
+            "SELECT from_type, from_id, relation, to_type, to_id, ts, seq, count()
              FROM relationship_observations WHERE {condition}
-             GROUP BY from_type, from_id, relation, to_type, to_id, ts"
+             GROUP BY from_type, from_id, relation, to_type, to_id, ts, seq"
         );
         let mut query = store.client.query(&sql);
         for bind in &binds {
@@ -240,24 +243,25 @@ async fn forget_edges(store: &ClickHouseStore, ws: &str, gone: &[Edge]) -> Resul
         }
         let counts: Vec<EdgeCount> = run(query.sent().fetch_all()).await?;
         delete_and_wait(store, "relationship_observations", &condition, &binds).await?;
+        let mut observations: Vec<(Edge, u64)> = Vec::new();
+        for c in counts {
+            let edge = Edge {
+                from_type: c.from_type,
+                from_id: c.from_id,
+                relation: c.relation,
+                to_type: c.to_type,
+                to_id: c.to_id,
+                ts: c.ts,
+            };
+            let units = if c.seq == 0 { c.count } else { 1 };
+            observations.extend((0..units).map(|_| (edge.clone(), c.seq)));
+        }
         let mut kept = Vec::new();
-        let counts: Vec<(Edge, u64)> = counts
-            .into_iter()
-            .map(|c| {
-                let edge = Edge {
-                    from_type: c.from_type,
-                    from_id: c.from_id,
-                    relation: c.relation,
-                    to_type: c.to_type,
-                    to_id: c.to_id,
-                    ts: c.ts,
-                };
-                (edge, c.count)
-            })
-            .collect();
-        for (edge, count) in &counts {
-            let keep = count.saturating_sub(taken.get(edge).copied().unwrap_or(0));
-            kept.extend((0..keep).map(|_| edge.row(ws)));
+        for (edge, seq) in &observations {
+            match taken.get_mut(edge) {
+                Some(left) if *left > 0 => *left -= 1,
+                _ => kept.push(edge.row(ws, *seq)),
+            }
         }
         store.insert_rows::<super::graph::EdgeRow<'_>>("relationship_observations", &kept).await?;
     }

@@ -152,6 +152,12 @@ struct MessageRead {
 }
 
 #[derive(Row, Deserialize)]
+struct IdSeqRead {
+    id: String,
+    seq: u64,
+}
+
+#[derive(Row, Deserialize)]
 struct ListRead {
     id: String,
     received_at: i64,
@@ -163,25 +169,25 @@ pub(super) fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }
 
-/// Which of `rows`' ids are stored already. Looked up through the table's
-/// key: the event names and the time span of the rows narrow the search to
-/// a few granules, the ids decide.
+/// Which of `rows`' ids are stored already, with their stored `seq`.
+/// Looked up through the table's key: the event names and the time span of
+/// the rows narrow the search to a few granules, the ids decide.
 pub(super) async fn stored_ids(
     store: &ClickHouseStore,
     ws: &str,
     rows: &[EventRow],
-) -> Result<HashSet<String>> {
+) -> Result<HashMap<String, u64>> {
     // As many ids per query as fit well under `max_query_size` at their
     // longest, escaped: a gateway batch of short ids is one query.
     let longest = rows.iter().map(|r| r.id.len()).max().unwrap_or(0);
     let per_query = (LOOKUP_BYTES / (2 * longest + 4)).max(1);
-    let mut found = HashSet::new();
+    let mut found = HashMap::new();
     for chunk in rows.chunks(per_query) {
         let names: HashSet<&str> = chunk.iter().map(|r| r.event.as_str()).collect();
         let (low, high) =
             chunk.iter().fold((i64::MAX, i64::MIN), |(lo, hi), r| (lo.min(r.ts), hi.max(r.ts)));
         let sql = format!(
-            "SELECT id FROM events WHERE workspace_id = ? AND event IN ({}) AND ts >= ?
+            "SELECT id, seq FROM events WHERE workspace_id = ? AND event IN ({}) AND ts >= ?
              AND ts <= ? AND time >= toDateTime(?) AND time <= toDateTime(?) AND id IN ({})",
             placeholders(names.len()),
             placeholders(chunk.len())
@@ -194,8 +200,8 @@ pub(super) async fn stored_ids(
         for row in chunk {
             query = query.bind(row.id.as_str());
         }
-        let ids: Vec<String> = run(query.sent().fetch_all()).await?;
-        found.extend(ids);
+        let ids: Vec<IdSeqRead> = run(query.sent().fetch_all()).await?;
+        found.extend(ids.into_iter().map(|r| (r.id, r.seq)));
     }
     Ok(found)
 }
@@ -247,7 +253,7 @@ pub(super) async fn store_rows_uncounted(
     rows: Vec<EventRow>,
     check_ids: bool,
 ) -> Result<(Vec<String>, usize)> {
-    let stored = if check_ids { stored_ids(store, ws, &rows).await? } else { HashSet::new() };
+    let stored = if check_ids { stored_ids(store, ws, &rows).await? } else { HashMap::new() };
     let message_ids: Vec<&str> =
         rows.iter().map(|r| r.message_id.as_str()).filter(|m| !m.is_empty()).collect();
     let mut by_message = if message_ids.is_empty() {
@@ -259,18 +265,19 @@ pub(super) async fn store_rows_uncounted(
     let mut ids = Vec::with_capacity(rows.len());
     let mut fresh = Vec::new();
     let mut found = Vec::new();
-    for row in rows {
+    for mut row in rows {
         if !row.message_id.is_empty()
             && let Some(first) = by_message.get(&row.message_id)
         {
             ids.push(first.clone());
             continue;
         }
-        if stored.contains(&row.id) {
+        if let Some(&seq) = stored.get(&row.id) {
             if !row.message_id.is_empty() {
                 by_message.insert(row.message_id.clone(), row.id.clone());
             }
             ids.push(row.id.clone());
+            row.seq = seq;
             found.push(row);
             continue;
         }
@@ -285,11 +292,11 @@ pub(super) async fn store_rows_uncounted(
         fresh.push(row);
     }
     insert_new(store, ws, &mut fresh, &HashSet::new()).await?;
-    // Events found stored by id may come from an attempt that failed
-    // between the events insert and their ledger rows: those are written
-    // again. Their observations are not (edges are counted, a second one
-    // would count twice; docs/storage.md).
+    // Events found stored by id may come from an attempt that failed after
+    // the events insert: what derives from them is written again where it
+    // may be missing (docs/storage.md).
     if !found.is_empty() {
+        super::graph::observe_again(store, ws, &found).await?;
         write_ledger(store, ws, &found).await?;
     }
     Ok((ids, fresh.len()))

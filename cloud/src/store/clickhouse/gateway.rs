@@ -485,6 +485,7 @@ mod tests {
     use super::super::{ClickHouseConfig, ClickHouseStore, events};
     use super::SessionRow;
     use crate::store::gateway::{BatchCommit, GatewayStore};
+    use crate::store::queries::QueryStore;
     use crate::store::{NewEvent, Store};
 
     const WS: &str = "ws_gateway";
@@ -512,7 +513,7 @@ mod tests {
             .client
             .query(
                 "SELECT count() FROM system.query_log WHERE type = 1
-                 AND query LIKE 'SELECT id FROM events%' AND query LIKE ?",
+                 AND query LIKE 'SELECT id, seq FROM events%' AND query LIKE ?",
             )
             .bind(format!("%'evt_{seq:04}'%"))
             .fetch_one()
@@ -663,6 +664,83 @@ mod tests {
         let (ids, inserted) = events::store_rows_uncounted(&store, WS, rows, true).await.unwrap();
         assert_eq!((ids, inserted), (vec!["evt_0002".to_owned()], 0));
         assert_eq!(stored(&store).await, 3);
+    }
+
+    /// Events observing an entity and an edge (scanner → tote).
+    fn observing(seqs: std::ops::RangeInclusive<u64>) -> Vec<(u64, NewEvent)> {
+        seqs.map(|seq| {
+            let event = opgraph_proto::Event::parse_json(&serde_json::json!({
+                "event": "tote.scanned",
+                "actor": {"type": "scanner", "id": "S-1"},
+                "object": {"type": "tote", "id": format!("T-{seq}")},
+                "entity": {"type": "tote", "id": format!("T-{seq}"),
+                           "properties": {"zone": format!("z{seq}")}},
+            }))
+            .unwrap();
+            (seq, NewEvent { id: format!("evt_{seq:04}"), received_at: 1, event })
+        })
+        .collect()
+    }
+
+    /// Per edge, its count; and the entities with their `zone`.
+    async fn graph(store: &ClickHouseStore) -> (Vec<(String, u64)>, Vec<(String, String)>) {
+        let edges = store.list_relationships(WS, None, 100).await.unwrap();
+        let mut edges: Vec<_> = edges.into_iter().map(|r| (r.to_id, r.count)).collect();
+        edges.sort();
+        let entities = store.list_entities(WS, None, 100).await.unwrap();
+        let mut entities: Vec<_> =
+            entities.into_iter().map(|e| (e.id, e.properties["zone"].to_string())).collect();
+        entities.sort();
+        (edges, entities)
+    }
+
+    /// An attempt that failed after its events (and, in the first case,
+    /// its edges) landed: the resend writes the missing observations, and
+    /// every edge still counts once. A complete attempt's resend writes
+    /// nothing again.
+    #[tokio::test]
+    async fn a_resend_restores_lost_observations_and_counts_each_edge_once() {
+        let server = ClickHouse::start().await.unwrap();
+        let store = open(&server).await;
+        let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
+        let expected = |range: std::ops::RangeInclusive<u64>| {
+            let edges = range.clone().map(|s| (format!("T-{s}"), 1)).collect::<Vec<_>>();
+            let entities = range.map(|s| (format!("T-{s}"), format!("\"z{s}\""))).collect();
+            (edges, entities)
+        };
+        let rows = "SELECT count() FROM relationship_observations";
+
+        // The entity rows failed after the edges landed.
+        store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
+        store.commit_gateway_batch(WS, GW, epoch, (1, 2), observing(1..=2)).await.unwrap_err();
+        store.client.query("ATTACH TABLE entity_observations").execute().await.unwrap();
+        assert_eq!(store.client.query(rows).fetch_one::<u64>().await.unwrap(), 2);
+        assert!(store.list_entities(WS, None, 100).await.unwrap().is_empty());
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 2), observing(1..=2));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 2, inserted: 0 });
+        // Both edges were written again, under their events' seq.
+        assert_eq!(store.client.query(rows).fetch_one::<u64>().await.unwrap(), 4);
+        assert_eq!(graph(&store).await, expected(1..=2));
+
+        // No observation landed.
+        store.client.query("DETACH TABLE relationship_observations").execute().await.unwrap();
+        store.commit_gateway_batch(WS, GW, epoch, (3, 4), observing(3..=4)).await.unwrap_err();
+        store.client.query("ATTACH TABLE relationship_observations").execute().await.unwrap();
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (3, 4), observing(3..=4));
+        assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 4, inserted: 0 });
+        assert_eq!(graph(&store).await, expected(1..=4));
+
+        // A complete batch resent (its ack lost): nothing is written again.
+        let before = store.client.query(rows).fetch_one::<u64>().await.unwrap();
+        let resent = events::store_rows_uncounted(
+            &store,
+            WS,
+            observing(3..=4).into_iter().map(|(_, e)| events::to_row(WS, e)).collect(),
+            true,
+        );
+        assert_eq!(resent.await.unwrap().1, 0);
+        assert_eq!(store.client.query(rows).fetch_one::<u64>().await.unwrap(), before);
+        assert_eq!(graph(&store).await, expected(1..=4));
     }
 
     /// A session acknowledged before `gateway_commits` existed (a

@@ -5,12 +5,20 @@
 //! latest name given is kept, properties are JSON merge patches applied in
 //! storage order, `first_seen` is the first observation's time and
 //! `last_seen` the latest, edges are counted.
+//!
+//! Every observation carries the `seq` of the event that made it, and
+//! reads count each `seq` once: a resend can write an event's observations
+//! again (see [`observe_again`]) without counting it twice. Folding
+//! entities is unaffected by such a repeat: the same patch applied twice
+//! in a row is the same patch.
 
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::events::EventRow;
+use std::collections::HashSet;
+
+use super::events::{EventRow, LOOKUP_CHUNK, placeholders};
 use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
 use crate::store::columns::text_at;
@@ -49,10 +57,12 @@ pub(super) struct EdgeRow<'a> {
     pub(super) to_type: &'a str,
     pub(super) to_id: &'a str,
     pub(super) ts: i64,
+    /// The observing event's; 0 for edges stored before schema version 3.
+    pub(super) seq: u64,
 }
 
 impl Edge {
-    pub(super) fn row<'a>(&'a self, ws: &'a str) -> EdgeRow<'a> {
+    pub(super) fn row<'a>(&'a self, ws: &'a str, seq: u64) -> EdgeRow<'a> {
         EdgeRow {
             workspace_id: ws,
             from_type: &self.from_type,
@@ -61,6 +71,7 @@ impl Edge {
             to_type: &self.to_type,
             to_id: &self.to_id,
             ts: self.ts,
+            seq,
         }
     }
 }
@@ -106,7 +117,7 @@ pub(super) async fn observe(
     store: &ClickHouseStore,
     ws: &str,
     rows: &[EventRow],
-    same_edge: &std::collections::HashSet<String>,
+    same_edge: &HashSet<String>,
 ) -> Result<()> {
     let mut entities = Vec::new();
     let mut edges = Vec::new();
@@ -142,11 +153,52 @@ pub(super) async fn observe(
                 to_type: &row.object_type,
                 to_id: &row.object_id,
                 ts: row.ts,
+                seq: row.seq,
             });
         }
     }
-    store.insert_rows::<EntityRow<'_>>("entity_observations", &entities).await?;
-    store.insert_rows::<EdgeRow<'_>>("relationship_observations", &edges).await
+    // Edges first: an event's entity row then shows that its observations
+    // are all stored (`observe_again`).
+    store.insert_rows::<EdgeRow<'_>>("relationship_observations", &edges).await?;
+    store.insert_rows::<EntityRow<'_>>("entity_observations", &entities).await
+}
+
+/// For stored `rows` (with their stored `seq`) that a resend found by id:
+/// writes again the observations of those whose entity row is missing,
+/// because the attempt that stored them failed before their observations
+/// were all written. Rows whose entity row is there are complete (it is
+/// written last) and are left alone: a connector event may keep an older
+/// version's edge under that version's `seq`.
+pub(super) async fn observe_again(
+    store: &ClickHouseStore,
+    ws: &str,
+    rows: &[EventRow],
+) -> Result<()> {
+    let mut observing = Vec::new();
+    for row in rows {
+        if with_entity(row)?.is_some() {
+            observing.push(row);
+        }
+    }
+    if observing.is_empty() {
+        return Ok(());
+    }
+    let mut present = HashSet::new();
+    for chunk in observing.chunks(LOOKUP_CHUNK) {
+        let sql = format!(
+            "SELECT DISTINCT seq FROM entity_observations WHERE workspace_id = ? AND seq IN ({})",
+            placeholders(chunk.len())
+        );
+        let mut query = store.client.query(&sql).bind(ws);
+        for row in chunk {
+            query = query.bind(row.seq);
+        }
+        let seqs: Vec<u64> = run(query.sent().fetch_all()).await?;
+        present.extend(seqs);
+    }
+    let missing: Vec<EventRow> =
+        observing.into_iter().filter(|r| !present.contains(&r.seq)).cloned().collect();
+    observe(store, ws, &missing, &HashSet::new()).await
 }
 
 /// RFC 7396 merge patch, as SQLite's `json_patch`.
@@ -264,7 +316,8 @@ pub(super) async fn list_relationships(
         ""
     };
     let sql = format!(
-        "SELECT from_type, from_id, relation, to_type, to_id, count(), min(ts), max(ts) AS last
+        "SELECT from_type, from_id, relation, to_type, to_id,
+            countIf(seq = 0) + uniqExactIf(seq, seq != 0), min(ts), max(ts) AS last
          FROM relationship_observations WHERE workspace_id = ?{filter}
          GROUP BY from_type, from_id, relation, to_type, to_id
          ORDER BY last DESC, from_type, from_id, relation, to_type, to_id LIMIT {}",
