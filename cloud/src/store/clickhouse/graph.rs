@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 
 use std::collections::HashSet;
 
-use super::events::{EventRow, LOOKUP_CHUNK, placeholders};
+use super::events::{EventRow, LOOKUP_CHUNK};
 use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
 use crate::store::columns::text_at;
@@ -176,28 +176,33 @@ pub(super) async fn observe_again(
 ) -> Result<()> {
     let mut observing = Vec::new();
     for row in rows {
-        if with_entity(row)?.is_some() {
-            observing.push(row);
+        if let Some((_, kind, id)) = with_entity(row)? {
+            observing.push((row, kind, id));
         }
-    }
-    if observing.is_empty() {
-        return Ok(());
     }
     let mut present = HashSet::new();
     for chunk in observing.chunks(LOOKUP_CHUNK) {
+        // Through the table's key (type, id), then the seq.
         let sql = format!(
-            "SELECT DISTINCT seq FROM entity_observations WHERE workspace_id = ? AND seq IN ({})",
-            placeholders(chunk.len())
+            "SELECT DISTINCT seq FROM entity_observations
+             WHERE workspace_id = ? AND (type, id, seq) IN ({})",
+            vec!["(?, ?, ?)"; chunk.len()].join(", ")
         );
         let mut query = store.client.query(&sql).bind(ws);
-        for row in chunk {
-            query = query.bind(row.seq);
+        for (row, kind, id) in chunk {
+            query = query.bind(kind.as_str()).bind(id.as_str()).bind(row.seq);
         }
         let seqs: Vec<u64> = run(query.sent().fetch_all()).await?;
         present.extend(seqs);
     }
-    let missing: Vec<EventRow> =
-        observing.into_iter().filter(|r| !present.contains(&r.seq)).cloned().collect();
+    let missing: Vec<EventRow> = observing
+        .into_iter()
+        .filter(|(row, _, _)| !present.contains(&row.seq))
+        .map(|(row, _, _)| row.clone())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
     observe(store, ws, &missing, &HashSet::new()).await
 }
 
