@@ -942,6 +942,33 @@ mod tests {
         );
     }
 
+    /// An HTTP append whose events landed before a later write failed
+    /// counts them; its retry finds them by id and counts none again.
+    #[tokio::test]
+    async fn a_failed_append_counts_the_events_that_landed_once() {
+        let (store, _server) = open().await;
+        // The same events again, as a gateway's resend (or a client that
+        // names its event ids) sends them.
+        let append = || {
+            let events = ["evt_a", "evt_b"].map(|id| {
+                let event = opgraph_proto::Event::parse_json(&serde_json::json!({
+                    "event": "pallet.scanned", "timestamp": 1_764_064_800_000_i64,
+                    "entity": {"type": "pallet", "id": id},
+                }))
+                .unwrap();
+                crate::store::NewEvent { id: id.into(), received_at: 1, event }
+            });
+            store
+                .append_events("ws", AppendRequest { events: events.into(), idempotency_key: None })
+        };
+        store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
+        append().await.unwrap_err();
+        store.client.query("ATTACH TABLE entity_observations").execute().await.unwrap();
+        assert_eq!(store.usage("ws", 0, i64::MAX / 2).await.unwrap().events_ingested, 2);
+        assert_eq!(append().await.unwrap().inserted, 0);
+        assert_eq!(store.usage("ws", 0, i64::MAX / 2).await.unwrap().events_ingested, 2);
+    }
+
     /// A store made before schema version 3 (edges without `seq`) gets the
     /// column at the next start; its edges keep counting one row each.
     #[tokio::test]

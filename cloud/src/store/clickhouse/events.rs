@@ -238,13 +238,20 @@ pub(super) async fn store_rows(
     ws: &str,
     rows: Vec<EventRow>,
 ) -> Result<(Vec<String>, usize)> {
-    let (ids, inserted) = store_rows_uncounted(store, ws, rows, true).await?;
-    store.count_events_ingested(ws, inserted).await?;
-    Ok((ids, inserted))
+    let mut landed = 0;
+    let stored = store_rows_uncounted(store, ws, rows, true, &mut landed).await;
+    // Events that landed are counted even when a later write failed: the
+    // retry finds them by id and adds (and counts) none of them.
+    let counted = store.count_events_ingested(ws, landed).await;
+    let stored = stored?;
+    counted?;
+    Ok(stored)
 }
 
-/// [`store_rows`] leaving usage to the caller. `check_ids: false` skips
-/// the lookup of stored ids, for a caller that knows none of them can be
+/// [`store_rows`] leaving usage to the caller, which `landed` tells how
+/// many events were inserted as soon as they are, so that it can count
+/// them when a later write of the call fails. `check_ids: false` skips the
+/// lookup of stored ids, for a caller that knows none of them can be
 /// stored (a gateway batch above its reservation, see `gateway.rs`);
 /// `messageId`s and repeats within `rows` are still checked.
 pub(super) async fn store_rows_uncounted(
@@ -252,6 +259,7 @@ pub(super) async fn store_rows_uncounted(
     ws: &str,
     rows: Vec<EventRow>,
     check_ids: bool,
+    landed: &mut usize,
 ) -> Result<(Vec<String>, usize)> {
     let stored = if check_ids { stored_ids(store, ws, &rows).await? } else { HashMap::new() };
     let message_ids: Vec<&str> =
@@ -291,7 +299,9 @@ pub(super) async fn store_rows_uncounted(
         ids.push(row.id.clone());
         fresh.push(row);
     }
-    insert_new(store, ws, &mut fresh, &HashSet::new()).await?;
+    insert_events(store, ws, &mut fresh).await?;
+    *landed = fresh.len();
+    write_derived(store, ws, &fresh, &HashSet::new()).await?;
     // Events found stored by id may come from an attempt that failed after
     // the events insert: what derives from them is written again where it
     // may be missing (docs/storage.md).
@@ -314,11 +324,26 @@ pub(super) async fn insert_new(
     fresh: &mut [EventRow],
     same_edge: &HashSet<String>,
 ) -> Result<()> {
+    insert_events(store, ws, fresh).await?;
+    write_derived(store, ws, fresh, same_edge).await
+}
+
+/// [`insert_new`]'s events insert: linked to trackables and numbered.
+async fn insert_events(store: &ClickHouseStore, ws: &str, fresh: &mut [EventRow]) -> Result<()> {
     super::trackables::link(store, ws, fresh).await?;
     for row in fresh.iter_mut() {
         row.seq = store.clock.next();
     }
-    store.insert_rows::<EventRow>("events", fresh).await?;
+    store.insert_rows::<EventRow>("events", fresh).await
+}
+
+/// [`insert_new`]'s writes after the events insert.
+async fn write_derived(
+    store: &ClickHouseStore,
+    ws: &str,
+    fresh: &[EventRow],
+    same_edge: &HashSet<String>,
+) -> Result<()> {
     super::graph::observe(store, ws, fresh, same_edge).await?;
     write_ledger(store, ws, fresh).await
 }

@@ -392,11 +392,16 @@ impl ClickHouseStore {
             .map(|(_, event)| events::to_row(ws, event))
             .collect();
         let check_ids = known.unsure_upto > acked;
-        let inserted = if fresh.is_empty() {
-            0
+        let mut landed = 0;
+        let stored = if fresh.is_empty() {
+            Ok(0)
         } else {
-            events::store_rows_uncounted(self, ws, fresh, check_ids).await?.1
+            events::store_rows_uncounted(self, ws, fresh, check_ids, &mut landed).await.map(|s| s.1)
         };
+        // Events that landed before a failure are counted by the next row:
+        // the resend finds them by id and stores none of them.
+        known.uncounted = known.uncounted.saturating_add(landed as u64);
+        let inserted = stored?;
         // One row in flight per gateway: the previous one has had this
         // batch's insert to land.
         self.settle(ws, gateway, known).await?;
@@ -404,7 +409,7 @@ impl ClickHouseStore {
             epoch: known.epoch,
             acked_sequence: last,
             reserved_sequence: known.reserved.max(ahead),
-            events_ingested: known.uncounted.saturating_add(inserted as u64),
+            events_ingested: known.uncounted,
             version: self.clock.next(),
         };
         let write = tokio::spawn(self.commit_write(ws, gateway, commit)?);
@@ -563,7 +568,7 @@ mod tests {
         let epoch = first_batch(&before).await;
         // 4..=6 land, their commit row does not.
         let rows = batch(4..=6).into_iter().map(|(_, e)| events::to_row(WS, e)).collect();
-        events::store_rows_uncounted(&before, WS, rows, false).await.unwrap();
+        events::store_rows_uncounted(&before, WS, rows, false, &mut 0).await.unwrap();
         assert_eq!(lookups_of(&before, 1).await, 0, "a new gateway has nothing stored");
 
         let after = open(&server).await;
@@ -630,7 +635,8 @@ mod tests {
     /// entity observations failed, so the `messageId` ledger and the
     /// business were never written): the resend finds the events by id
     /// and writes the ledger rows and the business, so a later event with
-    /// one of those `messageId`s is known as a replay.
+    /// one of those `messageId`s is known as a replay. The events count
+    /// for usage once.
     #[tokio::test]
     async fn a_resend_restores_the_ledger_rows_a_failed_attempt_lost() {
         let server = ClickHouse::start().await.unwrap();
@@ -655,13 +661,17 @@ mod tests {
 
         let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch());
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 0 });
+        // The failed attempt's events are counted once, by the resend's row.
+        assert_eq!(store.usage(WS, 0, i64::MAX / 2).await.unwrap().events_ingested, 3);
         assert_eq!(store.client.query(ledger).fetch_one::<u64>().await.unwrap(), 3);
         assert_eq!(store.client.query(business).fetch_one::<u64>().await.unwrap(), 1);
         // The same message under another id, as an HTTP retry would send it.
         let mut replay = tote(2);
         replay.id = "evt_other".into();
         let rows = vec![events::to_row(WS, replay)];
-        let (ids, inserted) = events::store_rows_uncounted(&store, WS, rows, true).await.unwrap();
+        let mut landed = 0;
+        let replayed = events::store_rows_uncounted(&store, WS, rows, true, &mut landed);
+        let (ids, inserted) = replayed.await.unwrap();
         assert_eq!((ids, inserted), (vec!["evt_0002".to_owned()], 0));
         assert_eq!(stored(&store).await, 3);
     }
@@ -732,11 +742,13 @@ mod tests {
 
         // A complete batch resent (its ack lost): nothing is written again.
         let before = store.client.query(rows).fetch_one::<u64>().await.unwrap();
+        let mut landed = 0;
         let resent = events::store_rows_uncounted(
             &store,
             WS,
             observing(3..=4).into_iter().map(|(_, e)| events::to_row(WS, e)).collect(),
             true,
+            &mut landed,
         );
         assert_eq!(resent.await.unwrap().1, 0);
         assert_eq!(store.client.query(rows).fetch_one::<u64>().await.unwrap(), before);
@@ -762,7 +774,7 @@ mod tests {
         before.insert_rows::<SessionRow<'_>>("gateway_sessions", &[old]).await.unwrap();
         // The old store's crash left 4..=6 above its ack.
         let rows = batch(1..=6).into_iter().map(|(_, e)| events::to_row(WS, e)).collect();
-        events::store_rows_uncounted(&before, WS, rows, false).await.unwrap();
+        events::store_rows_uncounted(&before, WS, rows, false, &mut 0).await.unwrap();
 
         let after = open(&server).await;
         let commit = after.commit_gateway_batch(WS, GW, 1, (4, 8), batch(4..=8));
