@@ -151,16 +151,25 @@ impl AttributionSums {
     /// Adds to the row of each of `keys` (source, campaign, channel,
     /// entity).
     pub fn add(&mut self, keys: [&str; 4], touchpoints: u64, conversions: f64, revenue: f64) {
+        let credit = |row: &mut AttributionRow| {
+            row.touchpoints += touchpoints;
+            row.conversions += conversions;
+            row.revenue += revenue;
+        };
         for (dim, key) in self.0.iter_mut().zip(keys) {
-            let row = dim.entry(key.to_owned()).or_insert_with(|| AttributionRow {
+            // Most keys repeat: look up by `&str` before allocating one.
+            if let Some(row) = dim.get_mut(key) {
+                credit(row);
+                continue;
+            }
+            let mut row = AttributionRow {
                 key: key.to_owned(),
                 touchpoints: 0,
                 conversions: 0.0,
                 revenue: 0.0,
-            });
-            row.touchpoints += touchpoints;
-            row.conversions += conversions;
-            row.revenue += revenue;
+            };
+            credit(&mut row);
+            dim.insert(key.to_owned(), row);
         }
     }
 
