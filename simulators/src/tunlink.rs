@@ -228,76 +228,110 @@ impl TunLink {
     /// An error reading the device ends the run.
     pub async fn run(self, cancel: CancellationToken) -> Result<TunLinkStats> {
         let TunLink { config, device } = self;
-        let start = Instant::now();
-        let mut links = [Direction::ToUpstream, Direction::ToClient]
-            .map(|d| Link::new(config.link.clone(), direction_seed(config.seed, d)));
-        let mut queue: TimerQueue<(Direction, Vec<u8>)> = TimerQueue::new(config.queue_packets);
-        let mut stats = TunLinkStats { seed: config.seed, ..TunLinkStats::default() };
+        let mut pump = Pump::new(&config, Instant::now());
         let mut buf = vec![0u8; MAX_PACKET];
-        let mut carry = |buf: &mut [u8], stats: &mut TunLinkStats, queue: &mut TimerQueue<_>| {
-            let rewritten = match config.hairpin.rewrite(buf) {
-                Ok(rewritten) => rewritten,
-                Err(refusal) => {
-                    match refusal {
-                        Refusal::NotIpv4 => stats.not_ipv4 += 1,
-                        Refusal::Malformed => stats.malformed += 1,
-                        Refusal::Foreign => stats.foreign += 1,
-                    }
-                    return;
-                }
-            };
-            let (direction, len) = (rewritten.direction, rewritten.len);
-            let counts = stats.direction(direction);
-            counts.received_packets += 1;
-            counts.received_bytes += len as u64;
-            let link = &mut links[usize::from(direction == Direction::ToClient)];
-            match link.datagram(start.elapsed(), len) {
-                Verdict::Drop(DropReason::Loss) => counts.dropped_loss += 1,
-                Verdict::Drop(DropReason::Overflow) => counts.dropped_overflow += 1,
-                Verdict::Deliver { at, reordered } => {
-                    counts.reordered += u64::from(reordered);
-                    if !queue.push(start + at, (direction, buf[..len].to_vec())) {
-                        counts.dropped_overflow += 1;
-                    }
-                }
-            }
-        };
         loop {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
-                () = queue.due() => {
-                    while let Some((direction, packet)) = queue.pop_due(Instant::now()) {
-                        let counts = stats.direction(direction);
-                        match device.send(&packet) {
-                            Ok(n) => {
-                                counts.delivered_packets += 1;
-                                counts.delivered_bytes += n as u64;
-                            }
-                            Err(e) => {
-                                debug!(error = %e, "re-injecting a packet failed");
-                                counts.send_failed += 1;
-                            }
-                        }
+                () = pump.queue.due() => {
+                    while let Some((direction, packet)) = pump.pop_due(Instant::now()) {
+                        let sent = device.send(&packet);
+                        pump.sent(direction, sent);
                     }
                 }
                 read = device.recv(&mut buf) => {
                     let Some(n) = read.map_err(Error::io("reading the TUN device"))? else {
                         continue;
                     };
-                    carry(&mut buf[..n], &mut stats, &mut queue);
+                    pump.admit(&mut buf[..n]);
                     // Drain what else is waiting, up to a bound.
                     for _ in 1..READ_BATCH {
                         match device.try_recv(&mut buf).map_err(Error::io("reading the TUN device"))? {
-                            Some(n) => carry(&mut buf[..n], &mut stats, &mut queue),
+                            Some(n) => pump.admit(&mut buf[..n]),
                             None => break,
                         }
                     }
                 }
             }
         }
-        stats.elapsed = start.elapsed();
-        Ok(stats)
+        pump.stats.elapsed = pump.start.elapsed();
+        Ok(pump.stats)
+    }
+}
+
+/// The middle of the emulator, without the device: packets in, rewritten
+/// and judged by the link model; packets out when due; counts.
+struct Pump {
+    hairpin: Hairpin,
+    /// One per direction, `ToUpstream` first, each with its own RNG.
+    links: [Link; 2],
+    queue: TimerQueue<(Direction, Vec<u8>)>,
+    stats: TunLinkStats,
+    start: Instant,
+}
+
+impl Pump {
+    fn new(config: &TunLinkConfig, start: Instant) -> Self {
+        Pump {
+            hairpin: config.hairpin,
+            links: [Direction::ToUpstream, Direction::ToClient]
+                .map(|d| Link::new(config.link.clone(), direction_seed(config.seed, d))),
+            queue: TimerQueue::new(config.queue_packets),
+            stats: TunLinkStats { seed: config.seed, ..TunLinkStats::default() },
+            start,
+        }
+    }
+
+    /// A packet read from the device: refused, lost, or rewritten and
+    /// queued until its release time.
+    fn admit(&mut self, packet: &mut [u8]) {
+        let rewritten = match self.hairpin.rewrite(packet) {
+            Ok(rewritten) => rewritten,
+            Err(refusal) => {
+                match refusal {
+                    Refusal::NotIpv4 => self.stats.not_ipv4 += 1,
+                    Refusal::Malformed => self.stats.malformed += 1,
+                    Refusal::Foreign => self.stats.foreign += 1,
+                }
+                return;
+            }
+        };
+        let (direction, len) = (rewritten.direction, rewritten.len);
+        let counts = self.stats.direction(direction);
+        counts.received_packets += 1;
+        counts.received_bytes += len as u64;
+        let link = &mut self.links[usize::from(direction == Direction::ToClient)];
+        match link.datagram(self.start.elapsed(), len) {
+            Verdict::Drop(DropReason::Loss) => counts.dropped_loss += 1,
+            Verdict::Drop(DropReason::Overflow) => counts.dropped_overflow += 1,
+            Verdict::Deliver { at, reordered } => {
+                counts.reordered += u64::from(reordered);
+                if !self.queue.push(self.start + at, (direction, packet[..len].to_vec())) {
+                    counts.dropped_overflow += 1;
+                }
+            }
+        }
+    }
+
+    /// The next packet due by `now`, and which way it goes.
+    fn pop_due(&mut self, now: Instant) -> Option<(Direction, Vec<u8>)> {
+        self.queue.pop_due(now)
+    }
+
+    /// Counts what became of a released packet handed to the kernel.
+    fn sent(&mut self, direction: Direction, sent: std::io::Result<usize>) {
+        let counts = self.stats.direction(direction);
+        match sent {
+            Ok(n) => {
+                counts.delivered_packets += 1;
+                counts.delivered_bytes += n as u64;
+            }
+            Err(e) => {
+                debug!(error = %e, "re-injecting a packet failed");
+                counts.send_failed += 1;
+            }
+        }
     }
 }
 
@@ -332,5 +366,65 @@ mod tests {
     #[test]
     fn the_default_config_is_valid() {
         TunLinkConfig::default().validate().unwrap();
+    }
+
+    /// A UDP packet (no checksum) from `src` to `dst`.
+    fn udp(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+        let mut p = vec![0u8; 28];
+        p[0] = 0x45;
+        p[3] = 28;
+        p[8] = 64;
+        p[9] = 17;
+        p[12..16].copy_from_slice(&src.octets());
+        p[16..20].copy_from_slice(&dst.octets());
+        p[20..24].copy_from_slice(&[0x9c, 0x40, 0x01, 0xbb]); // 40000 -> 443
+        p[25] = 8;
+        p
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn packets_are_released_after_the_latency_rewritten() {
+        let mut config = TunLinkConfig::default();
+        config.link.latency = Duration::from_millis(25);
+        let h = config.hairpin;
+        let start = Instant::now();
+        let mut pump = Pump::new(&config, start);
+        pump.admit(&mut udp(h.local, h.remote));
+        pump.admit(&mut udp(h.local, h.mirror));
+        pump.admit(&mut [0x60; 40]);
+        pump.admit(&mut udp(h.remote, h.local));
+        assert_eq!(pump.pop_due(Instant::now()), None, "nothing before the latency");
+        pump.queue.due().await;
+        assert_eq!(start.elapsed(), Duration::from_millis(25));
+        let (direction, packet) = pump.pop_due(Instant::now()).unwrap();
+        assert_eq!(direction, Direction::ToUpstream);
+        assert_eq!(packet[12..20], [h.mirror.octets(), h.local.octets()].concat());
+        pump.sent(direction, Ok(packet.len()));
+        let (direction, _) = pump.pop_due(Instant::now()).unwrap();
+        assert_eq!(direction, Direction::ToClient);
+        pump.sent(direction, Err(std::io::Error::other("refused")));
+        assert_eq!(pump.pop_due(Instant::now()), None);
+        let stats = &pump.stats;
+        assert_eq!((stats.not_ipv4, stats.foreign, stats.malformed), (1, 1, 0));
+        assert_eq!(stats.to_upstream.delivered_packets, 1);
+        assert_eq!(stats.to_client.send_failed, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn loss_and_a_full_queue_drop_and_count() {
+        let mut config = TunLinkConfig::default();
+        config.link.loss = 1.0;
+        let h = config.hairpin;
+        let mut pump = Pump::new(&config, Instant::now());
+        pump.admit(&mut udp(h.local, h.remote));
+        assert_eq!(pump.stats.to_upstream.dropped_loss, 1);
+
+        config.link.loss = 0.0;
+        config.queue_packets = 1;
+        let mut pump = Pump::new(&config, Instant::now());
+        pump.admit(&mut udp(h.local, h.remote));
+        pump.admit(&mut udp(h.local, h.remote));
+        assert_eq!(pump.stats.to_upstream.received_packets, 2);
+        assert_eq!(pump.stats.to_upstream.dropped_overflow, 1);
     }
 }
