@@ -12,6 +12,12 @@
 //!   transport ([`proxy`]`::{tcp, udp}`). Tests drive it in process through
 //!   [`proxy::FlakyProxy`] and [`proxy::ProxyHandle`]; the CLI wraps the
 //!   same API in [`proxy::cli`].
+//! - [`tunlink`]: the kernel-level link emulator (`opgraph-sim tunlink`).
+//!   Nothing is terminated: a TUN device takes the IP packets of a fake
+//!   subnet, loses or delays each with the proxy's [`proxy::link`] model
+//!   and hands them back to the kernel, addresses rewritten, so two
+//!   programs on one host talk over real kernel TCP or UDP with real loss
+//!   and a true round trip. Needs root and a private network namespace.
 //! - [`rfid`]: RFID readers publishing tag reads over MQTT (`opgraph-sim
 //!   rfid`): an I/O-free, seeded [`rfid::plan`] of portal passes with
 //!   repeated reads (and malformed messages or wrong clocks on request),
@@ -46,6 +52,7 @@ pub mod proxy;
 pub mod rfid;
 pub mod robots;
 pub mod site;
+pub mod tunlink;
 
 pub use error::{Error, Result};
 

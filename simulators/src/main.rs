@@ -12,6 +12,7 @@ use opgraph_simulators::modbus::{self, ModbusArgs};
 use opgraph_simulators::proxy::cli::{self as proxy_cli, ProxyArgs};
 use opgraph_simulators::rfid::cli::{self as rfid_cli, RfidArgs};
 use opgraph_simulators::robots::{self, RobotsArgs};
+use opgraph_simulators::tunlink::cli::{self as tunlink_cli, TunLinkArgs};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Parser)]
@@ -26,6 +27,10 @@ enum Command {
     /// Forward TCP or UDP through a simulated flaky link: loss, latency,
     /// jitter, reordering, bandwidth cap and partitions.
     Proxy(ProxyArgs),
+    /// Emulate a lossy link at the IP level through a TUN device: real
+    /// kernel TCP and UDP, really lost and delayed (root, private network
+    /// namespace).
+    Tunlink(TunLinkArgs),
     /// RFID readers publishing tag reads over MQTT (QoS 1), then a summary
     /// of exactly what was sent.
     Rfid(RfidArgs),
@@ -64,6 +69,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Proxy(args) => proxy_cli::run(args).await.map(drop),
+            Command::Tunlink(args) => tunlink_cli::run(args).await.map(drop),
             Command::Rfid(args) => rfid_cli::run(args).await.map(drop),
             Command::Modbus(args) => modbus::run(args).await.map(drop),
             Command::Barcode(args) => barcode::run(args).await.map(drop),

@@ -21,7 +21,7 @@ pub mod cli;
 pub mod link;
 pub mod stats;
 mod tcp;
-mod udp;
+pub(crate) mod udp;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -39,6 +39,24 @@
 //!    a restart would mostly time how long QUIC takes to give up a
 //!    handshake attempted during the partition.)
 //!
+//! **Kernel links (opt-in, root).** The proxy terminates TCP, so its
+//! "lost" chunks never shrink the sending TCP's congestion window, while
+//! QUIC's datagrams really are dropped. `--only=kernel` runs the same
+//! impairment at the IP level instead: `opgraph-sim tunlink --loss 0.02
+//! --latency 25ms` (a TUN device that drops or delays each IP packet and
+//! hands it back to the kernel), so gateway and cloud talk over a real
+//! kernel TCP or UDP path with a true 50 ms round trip. The bench re-runs
+//! itself under `unshare -n` (a private network namespace: the host's
+//! network is untouched; it brings `lo` up there and turns off the TCP
+//! metrics cache, so a run does not inherit the previous run's ssthresh),
+//! starts a fresh emulator per run, binds the cloud's receivers to
+//! `10.77.0.1` and points the gateway at `10.77.1.1`. Two links:
+//! `kernel-lossy`, with kernel TCP on Cubic (Linux's default, as quinn's),
+//! and `kernel-lossy-bbr`, kernel TCP on BBR, which does not read random
+//! loss as congestion; the congestion control is set on the emulated
+//! route. Without root, `/dev/net/tun`, `unshare` or `ip` the bench prints
+//! a `skipped` line instead.
+//!
 //! Two envelopes (`--envelope`): `scan`, the ~340-byte event of the cloud's
 //! ingest benchmark, and `tick`, ~110 bytes, three times cheaper for the
 //! store, so that the link rather than the store sets the pace.
@@ -63,7 +81,7 @@
 //!
 //! Options (flag after `--`, or environment variable):
 //! `--events=N` / `OPGRAPH_BENCH_EVENTS` per loopback run (100000),
-//! `--lossy-events=N` / `OPGRAPH_BENCH_LOSSY_EVENTS` per lossy run (100000),
+//! `--lossy-events=N` / `OPGRAPH_BENCH_LOSSY_EVENTS` per lossy or kernel run (100000),
 //! `--rounds=N` / `OPGRAPH_BENCH_ROUNDS` (3),
 //! `--memory-seconds=N` / `OPGRAPH_BENCH_MEMORY_SECONDS` (15),
 //! `--memory-rate=N` / `OPGRAPH_BENCH_MEMORY_RATE` events/s (100000; 0: as
@@ -75,7 +93,10 @@
 //! `[uplink]` table, e.g. `max_in_flight = 16` (none),
 //! `--dir=PATH` / `OPGRAPH_BENCH_DIR` where data directories go (the system
 //! temp directory; it must be a real disk: fsync on tmpfs costs nothing),
-//! `--only=loopback|lossy|memory` / `OPGRAPH_BENCH_ONLY`.
+//! `--only=loopback|lossy|memory|kernel|kernel-lossy|kernel-lossy-bbr` /
+//! `OPGRAPH_BENCH_ONLY` (without it: loopback, lossy and memory; the
+//! kernel links only on request). `--lossy-events` counts for every
+//! impaired link.
 //! Recorded numbers and their discussion: BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a broken bench should fail loudly
 
@@ -169,8 +190,18 @@ impl Options {
             only: get("only", "OPGRAPH_BENCH_ONLY"),
         };
         assert!(
-            matches!(options.only.as_deref(), None | Some("loopback" | "lossy" | "memory")),
-            "--only must be `loopback`, `lossy` or `memory`"
+            matches!(
+                options.only.as_deref(),
+                None | Some(
+                    "loopback"
+                        | "lossy"
+                        | "memory"
+                        | "kernel"
+                        | "kernel-lossy"
+                        | "kernel-lossy-bbr"
+                )
+            ),
+            "--only must be `loopback`, `lossy`, `memory`, `kernel`, `kernel-lossy` or `kernel-lossy-bbr`"
         );
         options
     }
@@ -179,20 +210,85 @@ impl Options {
         self.only.as_deref().is_none_or(|only| only == part)
     }
 
+    /// Whether to run `link`: the kernel links only on request (they need
+    /// root), by part or by name.
+    fn wants_link(&self, link: &Link) -> bool {
+        match self.only.as_deref() {
+            None => link.part != "kernel",
+            Some(only) => only == link.part || only == link.name,
+        }
+    }
+
     fn temp_dir(&self) -> tempfile::TempDir {
         opgraph_tests::bench::temp_dir(self.dir.as_deref(), "opgraph-bench-")
     }
 }
 
-/// The link between gateway and cloud: `None` is straight on loopback,
-/// `Some` the proxy's impairment arguments.
+/// The link between gateway and cloud.
 struct Link {
     name: &'static str,
-    proxy: Option<&'static [&'static str]>,
+    /// What `--only` names to run it (several links may share a part).
+    part: &'static str,
+    kind: LinkKind,
 }
 
-const LOOPBACK: Link = Link { name: "loopback", proxy: None };
-const LOSSY: Link = Link { name: "lossy", proxy: Some(&["--loss", "0.02", "--latency", "25ms"]) };
+enum LinkKind {
+    /// Straight on loopback.
+    Direct,
+    /// Through `opgraph-sim proxy` with these impairment arguments.
+    Proxy(&'static [&'static str]),
+    /// Through `opgraph-sim tunlink` with these impairment arguments, in
+    /// the bench's private network namespace, kernel TCP using the
+    /// congestion control `tcp` on the emulated route.
+    Kernel { args: &'static [&'static str], tcp: &'static str },
+}
+
+impl Link {
+    fn impaired(&self) -> bool {
+        !matches!(self.kind, LinkKind::Direct)
+    }
+
+    fn describe(&self) -> String {
+        match self.kind {
+            LinkKind::Direct => "gateway straight to the cloud".to_owned(),
+            LinkKind::Proxy(args) => format!("opgraph-sim proxy {}", args.join(" ")),
+            LinkKind::Kernel { args, tcp } => format!(
+                "opgraph-sim tunlink {}, a real IP path; kernel TCP congestion control {tcp}",
+                args.join(" ")
+            ),
+        }
+    }
+}
+
+/// Where the cloud's receivers listen for a kernel link, and what the
+/// gateway dials instead (`opgraph-sim tunlink`'s defaults).
+const TUN_LOCAL: &str = "10.77.0.1";
+const TUN_REMOTE: &str = "10.77.1.1";
+/// The /16 the device routes.
+const TUN_SUBNET: &str = "10.77.0.0/16";
+/// Set in the re-executed bench, inside its private network namespace.
+const NETNS_MARK: &str = "OPGRAPH_BENCH_IN_NETNS";
+
+const LOOPBACK: Link = Link { name: "loopback", part: "loopback", kind: LinkKind::Direct };
+const LOSSY: Link = Link {
+    name: "lossy",
+    part: "lossy",
+    kind: LinkKind::Proxy(&["--loss", "0.02", "--latency", "25ms"]),
+};
+/// The same impairment at the IP level; kernel TCP with Cubic, Linux's
+/// default, as quinn's.
+const KERNEL_LOSSY: Link = Link {
+    name: "kernel-lossy",
+    part: "kernel",
+    kind: LinkKind::Kernel { args: &["--loss", "0.02", "--latency", "25ms"], tcp: "cubic" },
+};
+/// The same with BBR for kernel TCP, which does not read random loss as
+/// congestion (this machine's default; quinn stays on Cubic).
+const KERNEL_LOSSY_BBR: Link = Link {
+    name: "kernel-lossy-bbr",
+    part: "kernel",
+    kind: LinkKind::Kernel { args: &["--loss", "0.02", "--latency", "25ms"], tcp: "bbr" },
+};
 
 /// What the events look like.
 #[derive(Clone, Copy, PartialEq)]
@@ -344,6 +440,8 @@ struct Delivery {
     rss_peak_mb: f64,
     retried: f64,
     reconnects: f64,
+    /// What the kernel link's emulator carried, as a table note.
+    carried: Option<String>,
 }
 
 /// One delivery run; see the module docs.
@@ -356,7 +454,13 @@ async fn deliver(
     seed: u64,
 ) -> Delivery {
     let client = client();
-    let cloud = CloudProc::start(&dir.join("cloud"), "127.0.0.1:0", "127.0.0.1:0").await;
+    // A kernel link's device must be up before the cloud binds its address.
+    let tunlink = match link.kind {
+        LinkKind::Kernel { args, tcp } => Some(TunLinkProc::start(args, tcp, seed).await),
+        _ => None,
+    };
+    let receivers = if tunlink.is_some() { format!("{TUN_LOCAL}:0") } else { "127.0.0.1:0".into() };
+    let cloud = CloudProc::start(&dir.join("cloud"), &receivers, &receivers).await;
     let gw_dir = dir.join("gateway");
     std::fs::create_dir_all(&gw_dir).unwrap();
 
@@ -367,9 +471,9 @@ async fn deliver(
     assert_eq!(last, (bodies.len() * BODY_EVENTS) as u64, "one sequence per event");
     filler.process.kill9().await.unwrap();
 
-    let proxy = match link.proxy {
-        None => None,
-        Some(impairment) => {
+    let proxy = match link.kind {
+        LinkKind::Direct | LinkKind::Kernel { .. } => None,
+        LinkKind::Proxy(impairment) => {
             let protocol = if transport == Transport::Grpc { "tcp" } else { "udp" };
             let upstream = cloud.receiver(transport);
             let seed = seed.to_string();
@@ -384,6 +488,12 @@ async fn deliver(
     };
     let endpoint = match &proxy {
         Some(proxy) => proxy.addrs["proxy"].clone(),
+        // The same port, dialled at the fake remote end of the link.
+        None if tunlink.is_some() => {
+            let receiver = cloud.receiver(transport);
+            let port = receiver.rsplit_once(':').map(|(_, port)| port).unwrap();
+            format!("{TUN_REMOTE}:{port}")
+        }
         None => cloud.receiver(transport),
     };
     let config = gateway_config(&gw_dir, transport, &endpoint, &cloud.cert(), uplink);
@@ -415,7 +525,11 @@ async fn deliver(
         proxy.terminate().await.unwrap();
     }
     cloud.process.terminate().await.unwrap();
-    Delivery { fill, whole, rate, rss_peak_mb, retried, reconnects }
+    let carried = match tunlink {
+        Some(tunlink) => Some(tunlink.stop(last).await),
+        None => None,
+    };
+    Delivery { fill, whole, rate, rss_peak_mb, retried, reconnects, carried }
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -436,7 +550,7 @@ enum Side {
 }
 
 async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) {
-    let events = if link.proxy.is_some() { options.lossy_events } else { options.events };
+    let events = if link.impaired() { options.lossy_events } else { options.events };
     let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
         (0..events / BODY_EVENTS).map(|b| body(envelope, (b * BODY_EVENTS) as u64)).collect(),
     );
@@ -444,10 +558,7 @@ async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) 
     println!(
         "\n(1) delivery on link `{}` ({}): {events} `{}` events of {size:.0} B of JSON, pre-filled",
         link.name,
-        link.proxy.map_or("gateway straight to the cloud".to_owned(), |a| format!(
-            "opgraph-sim proxy {}",
-            a.join(" ")
-        )),
+        link.describe(),
         envelope.name()
     );
     if !options.uplink.is_empty() {
@@ -507,6 +618,9 @@ async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) 
                 d.retried,
                 d.reconnects
             );
+            if let Some(carried) = &d.carried {
+                println!("    {:>5}  {:<6}  {carried}", round + 1, "");
+            }
         }
         grpc.push(results[1]);
         quic.push(results[2]);
@@ -519,7 +633,7 @@ async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) 
         "    median: store {s:.0} ev/s; grpc {g:.0} ev/s ({:.2}x store); quic {q:.0} ev/s ({:.2}x store); quic/grpc {r:.2} (median of rounds){}",
         g / s,
         q / s,
-        if link.proxy.is_some() {
+        if link.impaired() {
             format!("   goal >= {GOAL_QUIC_OVER_GRPC}: {}", verdict(r >= GOAL_QUIC_OVER_GRPC))
         } else {
             String::new()
@@ -722,6 +836,13 @@ async fn memory_benchmark(options: &Options) {
 
 fn main() {
     let options = Options::parse();
+    let kernel = [&KERNEL_LOSSY, &KERNEL_LOSSY_BBR].iter().any(|link| options.wants_link(link));
+    if kernel && std::env::var_os(NETNS_MARK).is_none() {
+        std::process::exit(rerun_in_network_namespace());
+    }
+    if kernel {
+        prepare_network_namespace();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("bench")
@@ -736,9 +857,9 @@ fn main() {
         options.rounds
     );
     runtime.block_on(async {
-        for link in [&LOOPBACK, &LOSSY] {
+        for link in [&LOOPBACK, &LOSSY, &KERNEL_LOSSY, &KERNEL_LOSSY_BBR] {
             for &envelope in &options.envelopes {
-                if options.wants(link.name) {
+                if options.wants_link(link) {
                     delivery_benchmark(&options, link, envelope).await;
                 }
             }
@@ -747,4 +868,138 @@ fn main() {
             memory_benchmark(&options).await;
         }
     });
+}
+
+/// Runs this bench again, same arguments, in a private network namespace
+/// (`unshare -n`), where the kernel links may add their TUN device and
+/// routes without touching the host's network; its exit code. Prints why
+/// and returns 0 when this machine cannot (not root, no `/dev/net/tun`,
+/// no `unshare` or `ip`).
+fn rerun_in_network_namespace() -> i32 {
+    let works = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    };
+    let tun = Path::new("/dev/net/tun").exists();
+    if !tun || !works("unshare", &["-n", "true"]) || !works("ip", &["-V"]) {
+        println!(
+            "kernel-lossy, kernel-lossy-bbr: skipped: needs root and /dev/net/tun \
+             (and `unshare`, `ip`) to emulate the link in a private network namespace"
+        );
+        return 0;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new("unshare")
+        .arg("-n")
+        .arg("--")
+        .arg(exe)
+        .args(std::env::args_os().skip(1))
+        .env(NETNS_MARK, "1")
+        .status()
+        .expect("unshare -n");
+    status.code().unwrap_or(1)
+}
+
+/// Inside the private namespace: loopback up (a new namespace has it down;
+/// the harness talks to every HTTP API over it), and no TCP metrics cache,
+/// so a connection does not inherit the ssthresh the previous run's
+/// connection to the same address ended with (every run starts alike).
+fn prepare_network_namespace() {
+    let up = std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status();
+    assert!(up.is_ok_and(|s| s.success()), "ip link set lo up");
+    std::fs::write("/proc/sys/net/ipv4/tcp_no_metrics_save", "1").unwrap();
+}
+
+/// A running `opgraph-sim tunlink`, read by hand rather than through
+/// [`Process`] so that its closing summary can be read too.
+struct TunLinkProc {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl TunLinkProc {
+    /// Starts `opgraph-sim tunlink` with `args` and `seed`, waits for its
+    /// device, and pins the congestion control of kernel TCP on the
+    /// emulated route to `tcp` (a route attribute: a private namespace may
+    /// not change the default).
+    async fn start(args: &[&str], tcp: &str, seed: u64) -> TunLinkProc {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new(opgraph_tests::binary("opgraph-sim").unwrap())
+            .arg("tunlink")
+            .args(["--seed", &seed.to_string()])
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut device = None;
+        let started = async {
+            // It prints its device, then the two `listening` lines, then
+            // nothing until it stops.
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(name) = line.strip_prefix("device ") {
+                    device = Some(name.to_owned());
+                }
+                if line.starts_with("listening remote=") {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, started).await.expect("tunlink started");
+        let device = device.expect("tunlink names its device (see its stderr above)");
+        let route = std::process::Command::new("ip")
+            .args(["route", "replace", TUN_SUBNET, "dev", &device])
+            .args(["proto", "kernel", "scope", "link", "src", TUN_LOCAL, "congctl", tcp])
+            .status();
+        assert!(
+            route.is_ok_and(|s| s.success()),
+            "ip route replace {TUN_SUBNET} ... congctl {tcp}"
+        );
+        TunLinkProc { child, lines }
+    }
+
+    /// Stops it (SIGTERM) and sums up its closing counts for `events`
+    /// delivered: packets and bytes each way, the share lost, bytes per
+    /// event towards the cloud.
+    async fn stop(mut self, events: u64) -> String {
+        let pid = self.child.id().unwrap().to_string();
+        let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(killed.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let mut ways = Vec::new();
+        let mut up_bytes = 0.0;
+        let summary = async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                let Some(rest) = line.strip_prefix("summary direction=") else { continue };
+                let field = |key: &str| -> f64 {
+                    rest.split(' ')
+                        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0.0)
+                };
+                let (packets, bytes, lost) =
+                    (field("received"), field("received_bytes"), field("dropped_loss"));
+                let way = if rest.starts_with("to_upstream") {
+                    up_bytes = bytes;
+                    "to cloud"
+                } else {
+                    "to gateway"
+                };
+                ways.push(format!(
+                    "{way} {packets:.0} packets, {:.2} MB, {:.2} % lost",
+                    bytes / 1e6,
+                    100.0 * lost / packets.max(1.0)
+                ));
+            }
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, summary).await.expect("tunlink stopped");
+        self.child.wait().await.unwrap();
+        format!("link: {}; {:.1} B/event to cloud", ways.join("; "), up_bytes / events as f64)
+    }
 }

@@ -284,8 +284,9 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// Datagrams waiting for their delivery time, earliest first; ties keep
-/// arrival order. Bounded: `push` refuses beyond `capacity`.
-struct TimerQueue<T> {
+/// arrival order. Bounded: `push` refuses beyond `capacity`. Also the
+/// delay line of the kernel-level emulator (`crate::tunlink`).
+pub(crate) struct TimerQueue<T> {
     heap: BinaryHeap<Reverse<Pending<T>>>,
     next_seq: u64,
     capacity: usize,
@@ -318,11 +319,11 @@ impl<T> Ord for Pending<T> {
 }
 
 impl<T> TimerQueue<T> {
-    fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self { heap: BinaryHeap::new(), next_seq: 0, capacity }
     }
 
-    fn push(&mut self, at: Instant, item: T) -> bool {
+    pub(crate) fn push(&mut self, at: Instant, item: T) -> bool {
         if self.heap.len() >= self.capacity {
             return false;
         }
@@ -332,14 +333,14 @@ impl<T> TimerQueue<T> {
     }
 
     /// Resolves when the earliest item is due; never if the queue is empty.
-    async fn due(&self) {
+    pub(crate) async fn due(&self) {
         match self.heap.peek() {
             Some(Reverse(first)) => sleep_until(first.at).await,
             None => std::future::pending().await,
         }
     }
 
-    fn pop_due(&mut self, now: Instant) -> Option<T> {
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<T> {
         if self.heap.peek().is_some_and(|Reverse(first)| first.at <= now) {
             self.heap.pop().map(|Reverse(p)| p.item)
         } else {
