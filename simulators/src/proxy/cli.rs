@@ -31,30 +31,9 @@ pub struct ProxyArgs {
     /// The real server.
     #[arg(long)]
     pub upstream: SocketAddr,
-    /// Loss probability from 0 to 1; for TCP, lost chunks arrive after an RTO [default: 0].
-    #[arg(long)]
-    pub loss: Option<f64>,
-    /// One-way delay added in each direction, e.g. 25ms [default: 0s].
-    #[arg(long, value_parser = parse_duration)]
-    pub latency: Option<Duration>,
-    /// Delay varies uniformly within latency ± jitter [default: 0s].
-    #[arg(long, value_parser = parse_duration)]
-    pub jitter: Option<Duration>,
-    /// Probability that a UDP datagram is held back so later ones overtake it [default: 0].
-    #[arg(long)]
-    pub reorder: Option<f64>,
-    /// How long a reordered datagram is held back [default: 20ms].
-    #[arg(long, value_parser = parse_duration)]
-    pub reorder_delay: Option<Duration>,
-    /// Bandwidth cap per direction in bytes per second, e.g. 10MiB [default: unlimited].
-    #[arg(long)]
-    pub bandwidth: Option<ByteSize>,
-    /// Token bucket depth of the bandwidth cap [default: 16KiB].
-    #[arg(long)]
-    pub burst: Option<ByteSize>,
-    /// Bytes queued behind the bandwidth cap before UDP datagrams are dropped [default: 1MiB].
-    #[arg(long)]
-    pub queue: Option<ByteSize>,
+    /// Loss, delay, reordering and bandwidth.
+    #[command(flatten)]
+    pub link: LinkArgs,
     /// Cost of one simulated TCP loss, doubled per repeated loss [default: 200ms].
     #[arg(long, value_parser = parse_duration)]
     pub rto: Option<Duration>,
@@ -64,9 +43,6 @@ pub struct ProxyArgs {
     /// What a partition does to connections.
     #[arg(long, value_enum, default_value_t = PartitionMode::Stall)]
     pub partition_mode: PartitionMode,
-    /// Seed of the link's RNG [default: random, printed in the summary].
-    #[arg(long)]
-    pub seed: Option<u64>,
     /// Largest TCP read, the unit of delay and loss [default: 16KiB].
     #[arg(long)]
     pub tcp_chunk: Option<ByteSize>,
@@ -75,14 +51,43 @@ pub struct ProxyArgs {
     pub udp_idle_timeout: Option<Duration>,
 }
 
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s, 1m)"))
+/// The impairment of a link, per direction: what `opgraph-sim proxy` and
+/// `opgraph-sim tunlink` (per IP packet) both apply.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LinkArgs {
+    /// Probability from 0 to 1 that an IP packet (tunlink), a UDP datagram or a TCP chunk (proxy: it arrives after an RTO) is lost [default: 0].
+    #[arg(long)]
+    pub loss: Option<f64>,
+    /// One-way delay added in each direction, e.g. 25ms [default: 0s].
+    #[arg(long, value_parser = parse_duration)]
+    pub latency: Option<Duration>,
+    /// Delay varies uniformly within latency ± jitter [default: 0s].
+    #[arg(long, value_parser = parse_duration)]
+    pub jitter: Option<Duration>,
+    /// Probability that a datagram or packet is held back so later ones overtake it [default: 0].
+    #[arg(long)]
+    pub reorder: Option<f64>,
+    /// How long a reordered datagram or packet is held back [default: 20ms].
+    #[arg(long, value_parser = parse_duration)]
+    pub reorder_delay: Option<Duration>,
+    /// Bandwidth cap per direction in bytes per second, e.g. 10MiB [default: unlimited].
+    #[arg(long)]
+    pub bandwidth: Option<ByteSize>,
+    /// Token bucket depth of the bandwidth cap [default: 16KiB].
+    #[arg(long)]
+    pub burst: Option<ByteSize>,
+    /// Bytes queued behind the bandwidth cap before datagrams or packets are dropped [default: 1MiB].
+    #[arg(long)]
+    pub queue: Option<ByteSize>,
+    /// Seed of the link's RNG [default: random, printed in the summary].
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
-impl ProxyArgs {
-    /// The config these arguments describe; unset options keep the
-    /// config's defaults. Not validated yet.
-    pub fn into_config(self) -> ProxyConfig {
+impl LinkArgs {
+    /// The link these arguments describe, unset options at their
+    /// defaults, with `rto` (the proxy's TCP loss cost), and its seed.
+    pub fn into_config(self, rto: Option<Duration>) -> (LinkConfig, u64) {
         let defaults = LinkConfig::default();
         let link = LinkConfig {
             loss: self.loss.unwrap_or(defaults.loss),
@@ -93,14 +98,27 @@ impl ProxyArgs {
             bandwidth: self.bandwidth.or(defaults.bandwidth),
             burst: self.burst.unwrap_or(defaults.burst),
             queue: self.queue.unwrap_or(defaults.queue),
-            rto: self.rto.unwrap_or(defaults.rto),
+            rto: rto.unwrap_or(defaults.rto),
         };
+        (link, self.seed.unwrap_or_else(rand::random))
+    }
+}
+
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s, 1m)"))
+}
+
+impl ProxyArgs {
+    /// The config these arguments describe; unset options keep the
+    /// config's defaults. Not validated yet.
+    pub fn into_config(self) -> ProxyConfig {
+        let (link, seed) = self.link.into_config(self.rto);
         let mut config = ProxyConfig::new(self.protocol, self.upstream);
         config.listen = self.listen;
         config.link = link;
         config.partitions = self.partitions;
         config.partition_mode = self.partition_mode;
-        config.seed = self.seed.unwrap_or_else(rand::random);
+        config.seed = seed;
         if let Some(chunk) = self.tcp_chunk {
             config.tcp_chunk = chunk;
         }

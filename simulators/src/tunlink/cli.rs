@@ -19,9 +19,7 @@
 //! the process.
 
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
-use bytesize::ByteSize;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -30,38 +28,14 @@ use super::packet::Hairpin;
 use super::{TunLink, TunLinkConfig, TunLinkStats, tun};
 use crate::error::{Error, Result};
 use crate::print;
-use crate::proxy::link::LinkConfig;
+use crate::proxy::cli::LinkArgs;
 
 /// Emulate a lossy link at the IP level, through a TUN device.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TunLinkArgs {
-    /// Probability from 0 to 1 that an IP packet is dropped, each direction [default: 0].
-    #[arg(long)]
-    pub loss: Option<f64>,
-    /// One-way delay added in each direction, e.g. 25ms [default: 0s].
-    #[arg(long, value_parser = parse_duration)]
-    pub latency: Option<Duration>,
-    /// Delay varies uniformly within latency ± jitter [default: 0s].
-    #[arg(long, value_parser = parse_duration)]
-    pub jitter: Option<Duration>,
-    /// Probability that a packet is held back so later ones overtake it [default: 0].
-    #[arg(long)]
-    pub reorder: Option<f64>,
-    /// How long a reordered packet is held back [default: 20ms].
-    #[arg(long, value_parser = parse_duration)]
-    pub reorder_delay: Option<Duration>,
-    /// Bandwidth cap per direction in bytes per second, e.g. 10MiB [default: unlimited].
-    #[arg(long)]
-    pub bandwidth: Option<ByteSize>,
-    /// Token bucket depth of the bandwidth cap [default: 16KiB].
-    #[arg(long)]
-    pub burst: Option<ByteSize>,
-    /// Bytes queued behind the bandwidth cap before packets are dropped [default: 1MiB].
-    #[arg(long)]
-    pub queue: Option<ByteSize>,
-    /// Seed of the link's RNG [default: random, printed in the summary].
-    #[arg(long)]
-    pub seed: Option<u64>,
+    /// Loss, delay, reordering and bandwidth, per IP packet.
+    #[command(flatten)]
+    pub link: LinkArgs,
     /// Name of the TUN device; %d takes the first free number.
     #[arg(long, default_value = "optun%d")]
     pub device: String,
@@ -85,33 +59,19 @@ pub struct TunLinkArgs {
     pub allow_host_namespace: bool,
 }
 
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s, 1m)"))
-}
-
 impl TunLinkArgs {
     /// The config these arguments describe; unset options keep the
     /// defaults. Not validated yet.
     pub fn into_config(self) -> TunLinkConfig {
-        let defaults = LinkConfig::default();
-        let link = LinkConfig {
-            loss: self.loss.unwrap_or(defaults.loss),
-            latency: self.latency.unwrap_or(defaults.latency),
-            jitter: self.jitter.unwrap_or(defaults.jitter),
-            reorder: self.reorder.unwrap_or(defaults.reorder),
-            reorder_delay: self.reorder_delay.unwrap_or(defaults.reorder_delay),
-            bandwidth: self.bandwidth.or(defaults.bandwidth),
-            burst: self.burst.unwrap_or(defaults.burst),
-            queue: self.queue.unwrap_or(defaults.queue),
-            // Loss is real here: the kernel's TCP retransmits by itself.
-            rto: defaults.rto,
-        };
+        // Loss is real here: the kernel's TCP retransmits by itself, so
+        // the proxy's RTO plays no part.
+        let (link, seed) = self.link.into_config(None);
         TunLinkConfig {
             device: self.device,
             hairpin: Hairpin { local: self.local, remote: self.remote, mirror: self.mirror },
             mtu: self.mtu,
             link,
-            seed: self.seed.unwrap_or_else(rand::random),
+            seed,
             queue_packets: self.queue_packets,
             allow_host_namespace: self.allow_host_namespace,
         }
@@ -169,7 +129,7 @@ mod tests {
     fn the_documented_command_line_parses() {
         let config = parse(&["--loss", "0.02", "--latency", "25ms", "--seed", "7"]).unwrap();
         assert_eq!(config.link.loss, 0.02);
-        assert_eq!(config.link.latency, Duration::from_millis(25));
+        assert_eq!(config.link.latency, std::time::Duration::from_millis(25));
         assert_eq!(config.seed, 7);
         assert_eq!(config.hairpin.remote, Ipv4Addr::new(10, 77, 1, 1));
         assert_eq!(config.mtu, 1500);
