@@ -86,12 +86,16 @@ CREATE TABLE IF NOT EXISTS api_keys (
     version UInt64
 ) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
 
--- Client idempotency: the first event id stored for each messageId.
+-- Client idempotency: the first event id given to each messageId, and its
+-- `ts`. Written before the event (docs/storage.md): a messageId whose event
+-- is missing is stored under that id by its next delivery. Rows from before
+-- schema version 4 have `ts` 0 and were written after their event.
 CREATE TABLE IF NOT EXISTS message_ids (
     workspace_id String,
     message_id String,
     id String,
-    version UInt64
+    version UInt64,
+    ts Int64
 ) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, message_id);
 
 -- Idempotency-Key: the first answer (JSON array of ids), kept 24 hours.

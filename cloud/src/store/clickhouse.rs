@@ -53,12 +53,14 @@ pub use events::{EventRow, to_row};
 pub const SCHEMA: &str = include_str!("../../../deploy/clickhouse/schema.sql");
 /// 2: `gateway_commits` (acks, gateway usage and reservations).
 /// 3: `relationship_observations.seq` (see [`ADDED_COLUMNS`]).
-const SCHEMA_VERSION: u32 = 3;
+/// 4: `message_ids.ts`.
+const SCHEMA_VERSION: u32 = 4;
 /// Columns added to a table after its first version, as (table, column,
 /// type): `CREATE TABLE IF NOT EXISTS` leaves a table made by an older
 /// version as it was, so [`ClickHouseStore::open`] adds what it lacks. Rows
 /// written before get the type's default.
-const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("relationship_observations", "seq", "UInt64")];
+const ADDED_COLUMNS: &[(&str, &str, &str)] =
+    &[("relationship_observations", "seq", "UInt64"), ("message_ids", "ts", "Int64")];
 /// Bound on one call to ClickHouse; past it the store counts as unavailable.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Health must answer quickly even when ClickHouse hangs.
@@ -967,6 +969,52 @@ mod tests {
         assert_eq!(store.usage("ws", 0, i64::MAX / 2).await.unwrap().events_ingested, 2);
         assert_eq!(append().await.unwrap().inserted, 0);
         assert_eq!(store.usage("ws", 0, i64::MAX / 2).await.unwrap().events_ingested, 2);
+    }
+
+    /// A `messageId` delivered again under a new id (as an HTTP retry
+    /// is), after a failure that left the event stored without its derived
+    /// rows, and after one that left the ledger row without the event: it
+    /// is stored exactly once, under the first id.
+    #[tokio::test]
+    async fn a_retried_message_id_is_stored_once_whatever_failed() {
+        let (store, _server) = open().await;
+        let send = |id: &str, message: &str| {
+            let event = opgraph_proto::Event::parse_json(&serde_json::json!({
+                "event": "pallet.scanned", "messageId": message,
+                "entity": {"type": "pallet", "id": message},
+            }))
+            .unwrap();
+            let events = vec![crate::store::NewEvent { id: id.into(), received_at: 7, event }];
+            store.append_events("ws", AppendRequest { events, idempotency_key: None })
+        };
+        let client = store.client.clone();
+        let stored = |message: &'static str| {
+            let query = client
+                .query("SELECT id FROM events WHERE workspace_id = 'ws' AND message_id = ?")
+                .bind(message);
+            async move {
+                let mut ids: Vec<String> = query.fetch_all().await.unwrap();
+                ids.sort();
+                ids
+            }
+        };
+
+        // The events landed, the derived rows after them did not.
+        store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
+        send("evt_1", "m-1").await.unwrap_err();
+        store.client.query("ATTACH TABLE entity_observations").execute().await.unwrap();
+        assert_eq!(send("evt_1b", "m-1").await.unwrap().ids, ["evt_1"]);
+        assert_eq!(stored("m-1").await, ["evt_1"]);
+
+        // The ledger row landed, the event did not: what a crash between
+        // the two leaves.
+        let ledger = "INSERT INTO message_ids (workspace_id, message_id, id, version, ts)
+                      VALUES ('ws', 'm-2', 'evt_2', 1, 7)";
+        store.client.query(ledger).execute().await.unwrap();
+        let retry = send("evt_2b", "m-2").await.unwrap();
+        assert_eq!((retry.ids, retry.inserted), (vec!["evt_2".to_owned()], 1));
+        assert_eq!(send("evt_2c", "m-2").await.unwrap().inserted, 0);
+        assert_eq!(stored("m-2").await, ["evt_2"]);
     }
 
     /// A store made before schema version 3 (edges without `seq`) gets the

@@ -129,6 +129,7 @@ struct MessageIdRow<'a> {
     message_id: &'a str,
     id: &'a str,
     version: u64,
+    ts: i64,
 }
 
 #[derive(Row, Serialize)]
@@ -149,6 +150,19 @@ struct IdempotencyRead {
 struct MessageRead {
     message_id: String,
     id: String,
+    ts: i64,
+}
+
+/// What the ledger holds for a `messageId`: the first event id given to
+/// it and that event's `ts`.
+struct Recorded {
+    id: String,
+    ts: i64,
+    /// Whether the event may be missing and must be looked up: the ledger
+    /// row is written before its event. Not for rows without `ts` (written
+    /// after their event, before schema version 4) nor for events of this
+    /// call.
+    unsure: bool,
 }
 
 #[derive(Row, Deserialize)]
@@ -206,16 +220,16 @@ pub(super) async fn stored_ids(
     Ok(found)
 }
 
-/// The first event id stored for each of these `messageId`s.
+/// The ledger's record of each of these `messageId`s.
 async fn stored_message_ids(
     store: &ClickHouseStore,
     ws: &str,
     message_ids: &[&str],
-) -> Result<HashMap<String, String>> {
+) -> Result<HashMap<String, Recorded>> {
     let mut found = HashMap::new();
     for chunk in message_ids.chunks(LOOKUP_CHUNK) {
         let sql = format!(
-            "SELECT message_id, argMin(id, version) FROM message_ids
+            "SELECT message_id, argMin(id, version), argMin(ts, version) FROM message_ids
              WHERE workspace_id = ? AND message_id IN ({}) GROUP BY message_id",
             placeholders(chunk.len())
         );
@@ -224,7 +238,10 @@ async fn stored_message_ids(
             query = query.bind(*id);
         }
         let rows: Vec<MessageRead> = run(query.sent().fetch_all()).await?;
-        found.extend(rows.into_iter().map(|r| (r.message_id, r.id)));
+        found.extend(
+            rows.into_iter()
+                .map(|r| (r.message_id, Recorded { id: r.id, ts: r.ts, unsure: r.ts != 0 })),
+        );
     }
     Ok(found)
 }
@@ -273,16 +290,27 @@ pub(super) async fn store_rows_uncounted(
     let mut ids = Vec::with_capacity(rows.len());
     let mut fresh = Vec::new();
     let mut found = Vec::new();
+    // Repeats of a `messageId` whose event may be missing, with the id and
+    // `ts` the ledger gave it.
+    let mut unsure = Vec::new();
     for mut row in rows {
         if !row.message_id.is_empty()
-            && let Some(first) = by_message.get(&row.message_id)
+            && let Some(first) = by_message.get_mut(&row.message_id)
         {
-            ids.push(first.clone());
+            ids.push(first.id.clone());
+            if first.unsure {
+                // Looked up once per call, stored at most once.
+                first.unsure = false;
+                row.id = first.id.clone();
+                row.ts = first.ts;
+                row.time = seconds(first.ts);
+                unsure.push(row);
+            }
             continue;
         }
         if let Some(&seq) = stored.get(&row.id) {
             if !row.message_id.is_empty() {
-                by_message.insert(row.message_id.clone(), row.id.clone());
+                by_message.insert(row.message_id.clone(), recorded_here(&row));
             }
             ids.push(row.id.clone());
             row.seq = seq;
@@ -294,14 +322,33 @@ pub(super) async fn store_rows_uncounted(
             continue;
         }
         if !row.message_id.is_empty() {
-            by_message.insert(row.message_id.clone(), row.id.clone());
+            by_message.insert(row.message_id.clone(), recorded_here(&row));
         }
         ids.push(row.id.clone());
         fresh.push(row);
     }
+    if !unsure.is_empty() {
+        // A delivery that failed after writing its ledger rows left these
+        // events unstored: this repeat stores them under the recorded id.
+        let present = stored_ids(store, ws, &unsure).await?;
+        for mut row in unsure {
+            if let Some(&seq) = present.get(&row.id) {
+                row.seq = seq;
+                found.push(row);
+            } else if seen.insert(row.id.clone()) {
+                fresh.push(row);
+            }
+        }
+    }
+    // The ledger first: a failure after it leaves a record that the next
+    // delivery checks (above), where a failure before a ledger written
+    // after the events would have let a retry under a new id store the
+    // event twice.
+    record_message_ids(store, ws, &fresh).await?;
     insert_events(store, ws, &mut fresh).await?;
     *landed = fresh.len();
-    write_derived(store, ws, &fresh, &HashSet::new()).await?;
+    super::graph::observe(store, ws, &fresh, &HashSet::new()).await?;
+    register_businesses_of(store, ws, &fresh).await?;
     // Events found stored by id may come from an attempt that failed after
     // the events insert: what derives from them is written again where it
     // may be missing (docs/storage.md).
@@ -310,6 +357,11 @@ pub(super) async fn store_rows_uncounted(
         write_ledger(store, ws, &found).await?;
     }
     Ok((ids, fresh.len()))
+}
+
+/// The ledger's record of a row this call stores or found stored.
+fn recorded_here(row: &EventRow) -> Recorded {
+    Recorded { id: row.id.clone(), ts: row.ts, unsure: false }
 }
 
 /// Inserts rows the caller found not stored (holding the workspace's
@@ -352,13 +404,33 @@ async fn write_derived(
 /// idempotent: the ledger keeps the first id per `messageId`, a business
 /// is registered once.
 async fn write_ledger(store: &ClickHouseStore, ws: &str, rows: &[EventRow]) -> Result<()> {
+    record_message_ids(store, ws, rows).await?;
+    register_businesses_of(store, ws, rows).await
+}
+
+/// The `messageId` ledger rows of `rows`.
+async fn record_message_ids(store: &ClickHouseStore, ws: &str, rows: &[EventRow]) -> Result<()> {
     let version = store.clock.next();
     let ledger: Vec<MessageIdRow<'_>> = rows
         .iter()
         .filter(|r| !r.message_id.is_empty())
-        .map(|r| MessageIdRow { workspace_id: ws, message_id: &r.message_id, id: &r.id, version })
+        .map(|r| MessageIdRow {
+            workspace_id: ws,
+            message_id: &r.message_id,
+            id: &r.id,
+            version,
+            ts: r.ts,
+        })
         .collect();
-    store.insert_rows::<MessageIdRow<'_>>("message_ids", &ledger).await?;
+    store.insert_rows::<MessageIdRow<'_>>("message_ids", &ledger).await
+}
+
+/// Registers the businesses `rows` name.
+async fn register_businesses_of(
+    store: &ClickHouseStore,
+    ws: &str,
+    rows: &[EventRow],
+) -> Result<()> {
     let mut businesses: Vec<String> = Vec::new();
     for row in rows {
         if !businesses.contains(&row.business_id) {

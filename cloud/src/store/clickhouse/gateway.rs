@@ -632,13 +632,13 @@ mod tests {
     }
 
     /// An attempt whose events landed but whose derived rows did not (the
-    /// entity observations failed, so the `messageId` ledger and the
-    /// business were never written): the resend finds the events by id
-    /// and writes the ledger rows and the business, so a later event with
-    /// one of those `messageId`s is known as a replay. The events count
-    /// for usage once.
+    /// entity observations failed, so the business was never registered;
+    /// the `messageId` ledger rows come before the events): the resend
+    /// finds the events by id and registers the business, a later event
+    /// with one of those `messageId`s is known as a replay, and the events
+    /// count for usage once.
     #[tokio::test]
-    async fn a_resend_restores_the_ledger_rows_a_failed_attempt_lost() {
+    async fn a_resend_restores_what_a_failed_attempt_lost_and_counts_it_once() {
         let server = ClickHouse::start().await.unwrap();
         let store = open(&server).await;
         let tote = |seq: u64| {
@@ -650,14 +650,15 @@ mod tests {
             NewEvent { id: format!("evt_{seq:04}"), received_at: 1, event }
         };
         let batch = || (1..=3).map(|seq| (seq, tote(seq))).collect::<Vec<_>>();
-        let ledger = "SELECT count() FROM message_ids";
+        let ledger = "SELECT count(DISTINCT message_id) FROM message_ids";
         let business = "SELECT count() FROM businesses WHERE id = 'site-7'";
         let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
         store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
         store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch()).await.unwrap_err();
         store.client.query("ATTACH TABLE entity_observations").execute().await.unwrap();
         assert_eq!(stored(&store).await, 3);
-        assert_eq!(store.client.query(ledger).fetch_one::<u64>().await.unwrap(), 0);
+        assert_eq!(store.client.query(ledger).fetch_one::<u64>().await.unwrap(), 3);
+        assert_eq!(store.client.query(business).fetch_one::<u64>().await.unwrap(), 0);
 
         let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch());
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 0 });
