@@ -914,12 +914,8 @@ fn prepare_network_namespace() {
     std::fs::write("/proc/sys/net/ipv4/tcp_no_metrics_save", "1").unwrap();
 }
 
-/// A running `opgraph-sim tunlink`, read by hand rather than through
-/// [`Process`] so that its closing summary can be read too.
-struct TunLinkProc {
-    child: tokio::process::Child,
-    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
-}
+/// A running `opgraph-sim tunlink`.
+struct TunLinkProc(Process);
 
 impl TunLinkProc {
     /// Starts `opgraph-sim tunlink` with `args` and `seed`, waits for its
@@ -927,33 +923,19 @@ impl TunLinkProc {
     /// emulated route to `tcp` (a route attribute: a private namespace may
     /// not change the default).
     async fn start(args: &[&str], tcp: &str, seed: u64) -> TunLinkProc {
-        use tokio::io::AsyncBufReadExt;
-        let mut child = tokio::process::Command::new(opgraph_tests::binary("opgraph-sim").unwrap())
-            .arg("tunlink")
-            .args(["--seed", &seed.to_string()])
-            .args(args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut device = None;
-        let started = async {
-            // It prints its device, then the two `listening` lines, then
-            // nothing until it stops.
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some(name) = line.strip_prefix("device ") {
-                    device = Some(name.to_owned());
-                }
-                if line.starts_with("listening remote=") {
-                    break;
-                }
-            }
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, started).await.expect("tunlink started");
-        let device = device.expect("tunlink names its device (see its stderr above)");
+        let seed = seed.to_string();
+        let args: Vec<&str> =
+            ["tunlink", "--seed", seed.as_str()].into_iter().chain(args.iter().copied()).collect();
+        let log = ("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+        let process =
+            Process::start("opgraph-sim", &args, &[log], &["local", "remote"]).await.unwrap();
+        // It prints its device before the `listening` lines.
+        let device = process
+            .banner
+            .iter()
+            .find_map(|line| line.strip_prefix("device "))
+            .expect("tunlink names its device (see its stderr above)")
+            .to_owned();
         let route = std::process::Command::new("ip")
             .args(["route", "replace", TUN_SUBNET, "dev", &device])
             .args(["proto", "kernel", "scope", "link", "src", TUN_LOCAL, "congctl", tcp])
@@ -962,44 +944,38 @@ impl TunLinkProc {
             route.is_ok_and(|s| s.success()),
             "ip route replace {TUN_SUBNET} ... congctl {tcp}"
         );
-        TunLinkProc { child, lines }
+        TunLinkProc(process)
     }
 
     /// Stops it (SIGTERM) and sums up its closing counts for `events`
     /// delivered: packets and bytes each way, the share lost, bytes per
     /// event towards the cloud.
-    async fn stop(mut self, events: u64) -> String {
-        let pid = self.child.id().unwrap().to_string();
-        let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(killed.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+    async fn stop(self, events: u64) -> String {
+        let (_, output) = self.0.stop().await.unwrap();
         let mut ways = Vec::new();
         let mut up_bytes = 0.0;
-        let summary = async {
-            while let Some(line) = self.lines.next_line().await.unwrap() {
-                let Some(rest) = line.strip_prefix("summary direction=") else { continue };
-                let field = |key: &str| -> f64 {
-                    rest.split(' ')
-                        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0.0)
-                };
-                let (packets, bytes, lost) =
-                    (field("received"), field("received_bytes"), field("dropped_loss"));
-                let way = if rest.starts_with("to_upstream") {
-                    up_bytes = bytes;
-                    "to cloud"
-                } else {
-                    "to gateway"
-                };
-                ways.push(format!(
-                    "{way} {packets:.0} packets, {:.2} MB, {:.2} % lost",
-                    bytes / 1e6,
-                    100.0 * lost / packets.max(1.0)
-                ));
-            }
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, summary).await.expect("tunlink stopped");
-        self.child.wait().await.unwrap();
+        for line in &output {
+            let Some(rest) = line.strip_prefix("summary direction=") else { continue };
+            let field = |key: &str| -> f64 {
+                rest.split(' ')
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0)
+            };
+            let (packets, bytes, lost) =
+                (field("received"), field("received_bytes"), field("dropped_loss"));
+            let way = if rest.starts_with("to_upstream") {
+                up_bytes = bytes;
+                "to cloud"
+            } else {
+                "to gateway"
+            };
+            ways.push(format!(
+                "{way} {packets:.0} packets, {:.2} MB, {:.2} % lost",
+                bytes / 1e6,
+                100.0 * lost / packets.max(1.0)
+            ));
+        }
         format!("link: {}; {:.1} B/event to cloud", ways.join("; "), up_bytes / events as f64)
     }
 }

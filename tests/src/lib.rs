@@ -55,7 +55,13 @@ pub struct Process {
     pub addrs: HashMap<String, String>,
     /// Other stdout lines seen before the first `listening` line.
     pub banner: Vec<String>,
+    /// Reads stdout after the start until the child closes it, keeping the
+    /// last [`KEPT_LINES`] lines (a closing summary, for [`Self::stop`]).
+    rest: tokio::task::JoinHandle<Vec<String>>,
 }
+
+/// Stdout lines a [`Process`] keeps after its start.
+const KEPT_LINES: usize = 1000;
 
 impl Process {
     /// Starts `name` with `env` and waits until it has printed a
@@ -98,8 +104,17 @@ impl Process {
             .await
             .with_context(|| format!("{name} did not start within {START_TIMEOUT:?}"))??;
         // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Process { child, addrs, banner })
+        let rest = tokio::spawn(async move {
+            let mut kept = std::collections::VecDeque::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if kept.len() == KEPT_LINES {
+                    kept.pop_front();
+                }
+                kept.push_back(line);
+            }
+            kept.into()
+        });
+        Ok(Process { child, addrs, banner, rest })
     }
 
     /// Sends a signal by name (`USR1`, `HUP`, ...) without waiting.
@@ -115,6 +130,20 @@ impl Process {
 
     /// Sends SIGTERM and waits for the exit status.
     pub async fn terminate(mut self) -> Result<std::process::ExitStatus> {
+        self.sigterm_and_wait().await
+    }
+
+    /// [`Self::terminate`], also returning what the child printed on stdout
+    /// after its start (the last [`KEPT_LINES`] lines), e.g. its summary.
+    /// Waits for stdout to close too, which a grandchild holding it would
+    /// delay: bounded like the exit.
+    pub async fn stop(mut self) -> Result<(std::process::ExitStatus, Vec<String>)> {
+        let exit = self.sigterm_and_wait().await?;
+        let rest = tokio::time::timeout(Duration::from_secs(30), self.rest).await??;
+        Ok((exit, rest))
+    }
+
+    async fn sigterm_and_wait(&mut self) -> Result<std::process::ExitStatus> {
         let pid = self.child.id().context("already exited")?;
         let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await?;
         if !status.success() {
