@@ -166,23 +166,12 @@ impl fmt::Display for TunLinkStats {
             self.malformed,
             self.foreign
         )?;
-        for (direction, s) in
-            [(Direction::ToUpstream, &self.to_upstream), (Direction::ToClient, &self.to_client)]
-        {
-            writeln!(
-                f,
-                "summary direction={} received={} received_bytes={} delivered={} \
-                 delivered_bytes={} dropped_loss={} dropped_overflow={} reordered={} send_failed={}",
-                direction.as_str(),
-                s.received_packets,
-                s.received_bytes,
-                s.delivered_packets,
-                s.delivered_bytes,
-                s.dropped_loss,
-                s.dropped_overflow,
-                s.reordered,
-                s.send_failed
-            )?;
+        for direction in Direction::BOTH {
+            let counts = match direction {
+                Direction::ToUpstream => &self.to_upstream,
+                Direction::ToClient => &self.to_client,
+            };
+            counts.write_summary(f, direction)?;
         }
         Ok(())
     }

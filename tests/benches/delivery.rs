@@ -963,7 +963,7 @@ impl TunLinkProc {
                     .unwrap_or(0.0)
             };
             let (packets, bytes, lost) =
-                (field("received"), field("received_bytes"), field("dropped_loss"));
+                (field("received_packets"), field("received_bytes"), field("dropped_loss"));
             let way = if rest.starts_with("to_upstream") {
                 up_bytes = bytes;
                 "to cloud"

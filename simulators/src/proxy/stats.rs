@@ -38,6 +38,32 @@ pub struct DirectionStats {
     pub stalled: u64,
 }
 
+impl DirectionStats {
+    /// The `summary direction=...` line of one direction, as `opgraph-sim
+    /// proxy` and `opgraph-sim tunlink` print it (counts that do not apply
+    /// to a link stay 0).
+    pub fn write_summary(&self, f: &mut fmt::Formatter<'_>, direction: Direction) -> fmt::Result {
+        writeln!(
+            f,
+            "summary direction={} received_packets={} received_bytes={} delivered_packets={} \
+             delivered_bytes={} dropped_loss={} dropped_partition={} dropped_overflow={} \
+             reordered={} send_failed={} retransmits={} stalled={}",
+            direction.as_str(),
+            self.received_packets,
+            self.received_bytes,
+            self.delivered_packets,
+            self.delivered_bytes,
+            self.dropped_loss,
+            self.dropped_partition,
+            self.dropped_overflow,
+            self.reordered,
+            self.send_failed,
+            self.retransmits,
+            self.stalled,
+        )
+    }
+}
+
 /// A snapshot of everything the proxy counted since it started.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProxyStats {
@@ -87,25 +113,7 @@ impl fmt::Display for ProxyStats {
             self.partitions,
         )?;
         for direction in Direction::BOTH {
-            let d = self.direction(direction);
-            writeln!(
-                f,
-                "summary direction={} received_packets={} received_bytes={} delivered_packets={} \
-                 delivered_bytes={} dropped_loss={} dropped_partition={} dropped_overflow={} \
-                 reordered={} send_failed={} retransmits={} stalled={}",
-                direction.as_str(),
-                d.received_packets,
-                d.received_bytes,
-                d.delivered_packets,
-                d.delivered_bytes,
-                d.dropped_loss,
-                d.dropped_partition,
-                d.dropped_overflow,
-                d.reordered,
-                d.send_failed,
-                d.retransmits,
-                d.stalled,
-            )?;
+            self.direction(direction).write_summary(f, direction)?;
         }
         Ok(())
     }
