@@ -325,6 +325,7 @@ async fn add_missing_columns(
     Ok(())
 }
 
+/// The `ALTER` that adds `column` to `target` (from [`alter_targets`]).
 fn add_column(target: &str, column: &str, kind: &str) -> String {
     format!("ALTER TABLE {target} ADD COLUMN {column} {kind}")
 }

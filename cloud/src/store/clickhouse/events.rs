@@ -304,7 +304,14 @@ pub(super) async fn store_rows_uncounted(
                 row.id = first.id.clone();
                 row.ts = first.ts;
                 row.time = seconds(first.ts);
-                unsure.push(row);
+                // A resend under the same id was looked up already.
+                match stored.get(&row.id) {
+                    Some(&seq) => {
+                        row.seq = seq;
+                        found.push(row);
+                    }
+                    None => unsure.push(row),
+                }
             }
             continue;
         }

@@ -12,11 +12,11 @@
 //! entities is unaffected by such a repeat: the same patch applied twice
 //! in a row is the same patch.
 
+use std::collections::HashSet;
+
 use clickhouse::Row;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-
-use std::collections::HashSet;
 
 use super::events::{EventRow, LOOKUP_CHUNK};
 use super::{ClickHouseStore, Sent, run};
