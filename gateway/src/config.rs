@@ -190,6 +190,7 @@ mod tests {
         config.validate().unwrap();
         assert_eq!(config.uplink.transport, Transport::Grpc);
         assert_eq!(config.uplink.batch_max_events, 1000);
+        assert_eq!(config.uplink.congestion, crate::uplink::Congestion::LossTolerant);
         assert_eq!(config.shutdown_flush, Duration::from_secs(5));
         assert_eq!(config.http.addr.port(), 9100);
     }
@@ -213,6 +214,10 @@ mod tests {
         assert!(problems[0].starts_with("uplink.batch_linger:"), "{problems:?}");
         let problems = problems_of("[uplink]\ntransport = \"carrier-pigeon\"\n");
         assert!(problems[0].starts_with("uplink.transport:"), "{problems:?}");
+        let problems = problems_of("[uplink]\ncongestion = \"bbr\"\n");
+        assert!(problems[0].starts_with("uplink.congestion:"), "{problems:?}");
+        let config = Config::parse("[uplink]\ncongestion = \"cubic\"\n").unwrap();
+        assert_eq!(config.uplink.congestion, crate::uplink::Congestion::Cubic);
         let problems = problems_of("[buffer]\nmax_bytes = -1\n");
         assert!(problems[0].starts_with("buffer.max_bytes:"), "{problems:?}");
         let problems = problems_of("gateway_id = [\n");

@@ -30,7 +30,7 @@ use crate::batch::Draft;
 use crate::buffer::Buffer;
 use crate::error::Error;
 use crate::telemetry::Metrics;
-use crate::uplink::{Uplink, UplinkConfig};
+use crate::uplink::{PathStats, Uplink, UplinkConfig};
 
 /// Buffer reads per pass of the session loop, at most (a read returns at
 /// least one record or covers the rest up to the watermark, so a few
@@ -135,6 +135,8 @@ pub struct Shipper {
     config: ShipperConfig,
     metrics: Arc<Metrics>,
     status: watch::Sender<UplinkStatus>,
+    /// The uplink's path counters last copied into `metrics`.
+    path_seen: PathStats,
 }
 
 impl Shipper {
@@ -154,7 +156,14 @@ impl Shipper {
             last_error: None,
             consecutive_failures: 0,
         };
-        Shipper { buffer, uplink, config, metrics, status: watch::channel(status).0 }
+        Shipper {
+            buffer,
+            uplink,
+            config,
+            metrics,
+            status: watch::channel(status).0,
+            path_seen: PathStats::default(),
+        }
     }
 
     /// Watches the uplink's state (health, shutdown flush).
@@ -219,6 +228,7 @@ impl Shipper {
             let mut progressed = false;
             let end = self.session(response, &cancel, &mut progressed).await;
             self.uplink.disconnect().await;
+            self.record_path();
             self.metrics.uplink_connected.set(0);
             self.update(|s| {
                 s.connected = false;
@@ -245,6 +255,12 @@ impl Shipper {
             s.state = SessionState::Stopped;
             s.connected = false;
         });
+    }
+
+    fn record_path(&mut self) {
+        if let Some(path) = self.uplink.path_stats() {
+            self.metrics.record_path(&mut self.path_seen, path);
+        }
     }
 
     fn session_failed(&self, reason: &'static str, error: &str) {
@@ -420,6 +436,7 @@ impl Shipper {
                     in_flight.pop_front();
                     self.metrics.batches_acked.inc();
                 }
+                self.record_path();
                 if !ack.error.is_empty() {
                     tracing::warn!(error = %ack.error, "the cloud skipped events of a batch");
                 }

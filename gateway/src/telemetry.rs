@@ -6,6 +6,7 @@
 //! end in `_total`; label values are small fixed sets.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -17,6 +18,7 @@ use prometheus_client::registry::Registry;
 use crate::buffer::Buffer;
 use crate::source::SourceSet;
 use crate::source::health::SourceCollector;
+use crate::uplink::PathStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -48,6 +50,13 @@ pub struct Metrics {
     pub last_acked_sequence: Gauge,
     /// 1 while a session is open.
     pub uplink_connected: Gauge,
+    /// The transport's own path measurements (QUIC; see
+    /// [`crate::uplink::PathStats`]), copied by the shipper.
+    pub uplink_sent_packets: Counter,
+    pub uplink_lost_packets: Counter,
+    pub uplink_congestion_events: Counter,
+    pub uplink_noise_losses: Counter,
+    pub uplink_rtt_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -71,6 +80,11 @@ impl Metrics {
             uplink_errors: Family::default(),
             last_acked_sequence: Gauge::default(),
             uplink_connected: Gauge::default(),
+            uplink_sent_packets: Counter::default(),
+            uplink_lost_packets: Counter::default(),
+            uplink_congestion_events: Counter::default(),
+            uplink_noise_losses: Counter::default(),
+            uplink_rtt_seconds: Gauge::default(),
             registry: Registry::default(),
         };
         let m = &metrics;
@@ -121,6 +135,31 @@ impl Metrics {
             "1 while an uplink session is open",
             m.uplink_connected.clone(),
         );
+        registry.register(
+            "uplink_sent_packets",
+            "Packets the uplink sent (QUIC only)",
+            m.uplink_sent_packets.clone(),
+        );
+        registry.register(
+            "uplink_lost_packets",
+            "Packets the uplink declared lost and sent again (QUIC only)",
+            m.uplink_lost_packets.clone(),
+        );
+        registry.register(
+            "uplink_congestion_events",
+            "Losses and ECN marks the uplink's congestion controller saw (QUIC only)",
+            m.uplink_congestion_events.clone(),
+        );
+        registry.register(
+            "uplink_noise_losses",
+            "Of those, losses read as link noise, without backing off (QUIC, loss_tolerant)",
+            m.uplink_noise_losses.clone(),
+        );
+        registry.register(
+            "uplink_rtt_seconds",
+            "Smoothed round trip of the uplink session (QUIC only)",
+            m.uplink_rtt_seconds.clone(),
+        );
         registry.register_collector(Box::new(BufferCollector { buffer }));
         registry.register_collector(Box::new(SourceCollector(sources)));
         Metrics { registry, ..metrics }
@@ -134,6 +173,19 @@ impl Metrics {
     /// Counts one refused ingest request.
     pub fn ingest_rejected(&self, reason: &str) {
         self.ingest_rejections.get_or_create(&ReasonLabels { reason: reason.to_owned() }).inc();
+    }
+
+    /// Copies the uplink's path counters, given what was copied before.
+    pub fn record_path(&self, seen: &mut PathStats, now: PathStats) {
+        let add = |counter: &Counter, before: u64, after: u64| {
+            counter.inc_by(after.saturating_sub(before));
+        };
+        add(&self.uplink_sent_packets, seen.sent_packets, now.sent_packets);
+        add(&self.uplink_lost_packets, seen.lost_packets, now.lost_packets);
+        add(&self.uplink_congestion_events, seen.congestion_events, now.congestion_events);
+        add(&self.uplink_noise_losses, seen.noise_losses, now.noise_losses);
+        self.uplink_rtt_seconds.set(now.rtt.as_secs_f64());
+        *seen = now;
     }
 
     /// The text exposition format.

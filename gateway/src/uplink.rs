@@ -11,6 +11,7 @@
 //! The uplink only moves messages; the delivery rules (what to send, when
 //! to retry, what to acknowledge) are the shipper's (`shipper.rs`).
 
+pub mod congestion;
 pub mod grpc;
 pub mod memory;
 pub mod quic;
@@ -63,6 +64,42 @@ pub trait Uplink: Send {
 
     /// Ends the session, abandoning batches in flight. Idempotent.
     async fn disconnect(&mut self);
+
+    /// What the transport measured on its path, summed over its sessions;
+    /// `None` when the kernel keeps it (gRPC's TCP).
+    fn path_stats(&self) -> Option<PathStats> {
+        None
+    }
+}
+
+/// A transport's own view of its path (QUIC), for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PathStats {
+    /// The current session's smoothed round trip.
+    pub rtt: Duration,
+    /// Packets sent.
+    pub sent_packets: u64,
+    /// Packets declared lost (and retransmitted).
+    pub lost_packets: u64,
+    /// Losses or ECN marks that the congestion controller saw.
+    pub congestion_events: u64,
+    /// Of those, the ones [`congestion::LossTolerant`] read as link noise
+    /// and did not back off for.
+    pub noise_losses: u64,
+}
+
+impl PathStats {
+    /// The counters of `self` and `other` added (the round trip is
+    /// `other`'s: the later session's).
+    pub fn plus(self, other: PathStats) -> PathStats {
+        PathStats {
+            rtt: other.rtt,
+            sent_packets: self.sent_packets + other.sent_packets,
+            lost_packets: self.lost_packets + other.lost_packets,
+            congestion_events: self.congestion_events + other.congestion_events,
+            noise_losses: self.noise_losses + other.noise_losses,
+        }
+    }
 }
 
 /// Which transport carries batches to the cloud.
@@ -144,6 +181,24 @@ pub struct UplinkConfig {
     /// Longest reconnect delay. Default `30s`.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
+    /// QUIC only: how the uplink reads packet loss. `loss_tolerant`
+    /// (default) backs off for losses that come with a growing round trip
+    /// or a loss rate above 5 %, and keeps its rate through the random
+    /// loss of radio links; `cubic` backs off for every loss, like kernel
+    /// TCP under gRPC. See `uplink/congestion.rs`.
+    pub congestion: Congestion,
+}
+
+/// The QUIC uplink's congestion controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Congestion {
+    /// Cubic that treats loss without other signs of congestion as noise
+    /// ([`congestion::LossTolerant`]).
+    #[default]
+    LossTolerant,
+    /// quinn's Cubic (RFC 9438): every loss is congestion.
+    Cubic,
 }
 
 impl Default for UplinkConfig {
@@ -164,6 +219,7 @@ impl Default for UplinkConfig {
             max_in_flight: 8,
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
+            congestion: Congestion::default(),
         }
     }
 }

@@ -406,17 +406,6 @@ async fn health(client: &reqwest::Client, gateway: &Gateway) -> Value {
     response.json().await.unwrap()
 }
 
-/// Sum of the samples of a gateway metric (`opgraph_gateway_<name>`).
-async fn metric(client: &reqwest::Client, gateway: &Gateway, name: &str) -> f64 {
-    let text =
-        client.get(format!("{}/metrics", gateway.url)).send().await.unwrap().text().await.unwrap();
-    let prefix = format!("opgraph_gateway_{name}");
-    text.lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn pid(process: &Process) -> u32 {
     process.child.id().expect("running")
 }
@@ -442,6 +431,8 @@ struct Delivery {
     reconnects: f64,
     /// What the kernel link's emulator carried, as a table note.
     carried: Option<String>,
+    /// What the QUIC uplink measured on its path, as a table note.
+    path: Option<String>,
 }
 
 /// One delivery run; see the module docs.
@@ -518,8 +509,21 @@ async fn deliver(
     let rate =
         from_tenth.map_or(whole, |(at, acked)| (last - acked) as f64 / at.elapsed().as_secs_f64());
     let (_, rss_peak_mb) = rss_mb(pid(&gateway.process));
-    let retried = metric(&client, &gateway, "batches_retried").await;
-    let reconnects = metric(&client, &gateway, "reconnects").await;
+    let metric =
+        async |name: &str| gateway.metric(&format!("opgraph_gateway_{name}")).await.unwrap_or(0.0);
+    let retried = metric("batches_retried_total").await;
+    let reconnects = metric("reconnects_total").await;
+    let path = match transport {
+        Transport::Grpc => None,
+        Transport::Quic => Some(format!(
+            "uplink: {:.0} of {:.0} packets lost, {:.0} congestion events, {:.0} of them read as noise, round trip {:.1} ms",
+            metric("uplink_lost_packets_total").await,
+            metric("uplink_sent_packets_total").await,
+            metric("uplink_congestion_events_total").await,
+            metric("uplink_noise_losses_total").await,
+            metric("uplink_rtt_seconds").await * 1000.0,
+        )),
+    };
     gateway.process.terminate().await.unwrap();
     if let Some(proxy) = proxy {
         proxy.terminate().await.unwrap();
@@ -529,7 +533,7 @@ async fn deliver(
         Some(tunlink) => Some(tunlink.stop(last).await),
         None => None,
     };
-    Delivery { fill, whole, rate, rss_peak_mb, retried, reconnects, carried }
+    Delivery { fill, whole, rate, rss_peak_mb, retried, reconnects, carried, path }
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -618,8 +622,8 @@ async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) 
                 d.retried,
                 d.reconnects
             );
-            if let Some(carried) = &d.carried {
-                println!("    {:>5}  {:<6}  {carried}", round + 1, "");
+            for note in [&d.path, &d.carried].into_iter().flatten() {
+                println!("    {:>5}  {:<6}  {note}", round + 1, "");
             }
         }
         grpc.push(results[1]);

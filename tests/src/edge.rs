@@ -211,6 +211,15 @@ impl Gateway {
     pub async fn metrics(&self) -> String {
         reqwest::get(format!("{}/metrics", self.url)).await.unwrap().text().await.unwrap()
     }
+
+    /// The value of one unlabelled series of `/metrics` (`None`: absent).
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let metrics = self.metrics().await;
+        metrics.lines().find_map(|line| {
+            let (series, value) = line.split_once(' ')?;
+            (series == name).then(|| value.trim().parse().ok()).flatten()
+        })
+    }
 }
 
 /// Polls `check` every 50 ms until it yields a value, for at most `limit`.

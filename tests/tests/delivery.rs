@@ -163,6 +163,56 @@ async fn killed_mid_delivery_resumes(transport: Transport) {
     assert!(gateway.process.terminate().await.unwrap().success());
 }
 
+/// Through a link that drops 2 % of datagrams each way without queueing
+/// (the proxy), the QUIC uplink reports what it measured, and its default
+/// congestion controller reads those losses as noise while plain Cubic
+/// backs off for every one.
+#[tokio::test]
+async fn quic_reports_its_path_and_reads_random_loss_as_noise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "off", "127.0.0.1:0").await;
+    let upstream = cloud.receiver(Transport::Quic);
+    let link = ["--loss", "0.02", "--latency", "5ms", "--seed", "7"];
+    let mut args = vec!["proxy", "--protocol", "udp", "--upstream", &upstream];
+    args.extend(link);
+    let proxy = Process::start("opgraph-sim", &args, &[], &["proxy"]).await.unwrap();
+    for congestion in ["loss_tolerant", "cubic"] {
+        let gw_dir = tmp.path().join(congestion);
+        std::fs::create_dir_all(&gw_dir).unwrap();
+        // Small batches, so that the run crosses some hundreds of packets.
+        let extra = format!(
+            "congestion = \"{congestion}\"\nbatch_max_events = 3\nbatch_linger = \"1ms\"\n"
+        );
+        let config =
+            gateway_config(&gw_dir, Transport::Quic, &proxy.addrs["proxy"], &cloud.cert(), &extra);
+        let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+        let event = format!("crate.{congestion}");
+        let ids = gateway.post(&event, 900).await;
+        wait_delivered(&cloud, &event, &ids).await;
+        wait_drained(&gateway).await;
+
+        let metric = |name: &'static str| {
+            let gateway = &gateway;
+            async move { gateway.metric(&format!("opgraph_gateway_{name}")).await.unwrap() }
+        };
+        let sent = metric("uplink_sent_packets_total").await;
+        let lost = metric("uplink_lost_packets_total").await;
+        let events = metric("uplink_congestion_events_total").await;
+        let noise = metric("uplink_noise_losses_total").await;
+        let rtt = metric("uplink_rtt_seconds").await;
+        assert!(sent >= 300.0, "{congestion}: {sent} packets sent");
+        assert!(lost >= 1.0 && lost < sent / 10.0, "{congestion}: {lost} of {sent} lost");
+        assert!(events >= 1.0, "{congestion}: {events} congestion events");
+        assert!((0.009..1.0).contains(&rtt), "{congestion}: round trip {rtt} s over 2 x 5 ms");
+        if congestion == "cubic" {
+            assert_eq!(noise, 0.0, "plain Cubic reads every loss as congestion");
+        } else {
+            assert!(noise >= 1.0 && noise <= events, "{noise} of {events} read as noise");
+        }
+        assert!(gateway.process.terminate().await.unwrap().success());
+    }
+}
+
 #[tokio::test]
 async fn grpc_gateway_killed_mid_delivery_resumes_without_loss_or_duplicates() {
     killed_mid_delivery_resumes(Transport::Grpc).await;

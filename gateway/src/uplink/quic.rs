@@ -20,8 +20,9 @@ use opgraph_proto::pb;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::congestion::{LossTolerant, LossTolerantConfig};
 use super::tls::ClientTls;
-use super::{Uplink, UplinkConfig};
+use super::{Congestion, PathStats, Uplink, UplinkConfig};
 use crate::error::{Error, Result};
 
 /// The cloud's application close codes (`cloud/src/receiver/quic.rs`).
@@ -46,6 +47,8 @@ pub struct QuicUplink {
     max_in_flight: usize,
     socket: Option<quinn::Endpoint>,
     session: Option<Session>,
+    /// Path counters of the sessions that ended.
+    ended: PathStats,
 }
 
 struct Session {
@@ -53,6 +56,25 @@ struct Session {
     acks_tx: mpsc::Sender<Result<pb::Ack>>,
     acks: mpsc::Receiver<Result<pb::Ack>>,
     streams: JoinSet<()>,
+}
+
+impl Session {
+    fn path_stats(&self) -> PathStats {
+        let path = self.connection.stats().path;
+        let noise_losses = self
+            .connection
+            .congestion_state()
+            .into_any()
+            .downcast::<LossTolerant>()
+            .map_or(0, |c| c.noise_losses());
+        PathStats {
+            rtt: path.rtt,
+            sent_packets: path.sent_packets,
+            lost_packets: path.lost_packets,
+            congestion_events: path.congestion_events,
+            noise_losses,
+        }
+    }
 }
 
 impl Drop for Session {
@@ -74,6 +96,9 @@ impl QuicUplink {
         if let Ok(idle) = Duration::from_secs(30).try_into() {
             transport.max_idle_timeout(Some(idle));
         }
+        if config.congestion == Congestion::LossTolerant {
+            transport.congestion_controller_factory(Arc::new(LossTolerantConfig::default()));
+        }
         client_config.transport_config(Arc::new(transport));
         let host_port = config.endpoint.trim().to_owned();
         Ok(QuicUplink {
@@ -85,6 +110,7 @@ impl QuicUplink {
             max_in_flight: config.max_in_flight,
             socket: None,
             session: None,
+            ended: PathStats::default(),
         })
     }
 
@@ -243,6 +269,15 @@ impl Uplink for QuicUplink {
     }
 
     async fn disconnect(&mut self) {
-        self.session = None;
+        if let Some(session) = self.session.take() {
+            self.ended = self.ended.plus(session.path_stats());
+        }
+    }
+
+    fn path_stats(&self) -> Option<PathStats> {
+        Some(match &self.session {
+            Some(session) => self.ended.plus(session.path_stats()),
+            None => self.ended,
+        })
     }
 }
