@@ -38,8 +38,15 @@ use quinn_proto::RttEstimator;
 /// overshoot into a policer goes far above it within a few round trips.
 pub const MAX_NOISE_LOSS_RATE: f64 = 0.05;
 
-/// Weight of each round trip's loss fraction in the smoothed rate.
+/// Weight of each round's loss fraction in the smoothed rate.
 const LOSS_RATE_GAIN: f64 = 0.25;
+
+/// A round closes after a round trip and at least this many bytes: at a
+/// few packets per round trip, one loss in a dozen packets would read as
+/// 8 % and trip [`MAX_NOISE_LOSS_RATE`]. 64 full-size packets make 2 %
+/// random loss look like more than 5 % in about one round in 25, which
+/// the smoothing then damps.
+const MIN_ROUND_BYTES: u64 = 64 * 1200;
 
 /// Smallest queueing delay read as congestion, whatever the path's minimum
 /// round trip: timer and scheduling jitter alone move a round trip by a
@@ -111,19 +118,17 @@ impl LossTolerant {
         self.min_rtt = min;
     }
 
-    /// Closes the current round (one smoothed round trip long) into the
-    /// loss rate.
+    /// Closes the current round (at least a smoothed round trip and
+    /// [`MIN_ROUND_BYTES`] long) into the loss rate.
     fn end_round_if_due(&mut self, now: Instant) {
         let Some(rtt) = self.smoothed_rtt else { return };
         let start = *self.round_start.get_or_insert(now);
-        if now.saturating_duration_since(start) < rtt {
+        let total = self.round_acked + self.round_lost;
+        if now.saturating_duration_since(start) < rtt || total < MIN_ROUND_BYTES {
             return;
         }
-        let total = self.round_acked + self.round_lost;
-        if total > 0 {
-            let sample = self.round_lost as f64 / total as f64;
-            self.loss_rate += LOSS_RATE_GAIN * (sample - self.loss_rate);
-        }
+        let sample = self.round_lost as f64 / total as f64;
+        self.loss_rate += LOSS_RATE_GAIN * (sample - self.loss_rate);
         self.round_acked = 0;
         self.round_lost = 0;
         self.round_start = Some(now);
@@ -250,6 +255,23 @@ mod tests {
         assert_eq!(c.window(), window);
         assert_eq!(c.noise_losses(), 1);
         assert!((c.loss_rate() - 0.0196).abs() < 0.002, "loss rate {}", c.loss_rate());
+    }
+
+    #[test]
+    fn two_percent_loss_at_a_few_packets_per_round_trip_stays_noise() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut now = Instant::now();
+        let mut c = controller(now);
+        let mut highest: f64 = 0.0;
+        // 5000 packets of 1200 B, 12 per round trip, each lost with p = 2 %.
+        for _ in 0..5000 / 12 {
+            let lost = (0..12).filter(|_| rng.random_bool(0.02)).count() as u64;
+            round(&mut c, &mut now, MIN_RTT, (12 - lost) * 1200, lost * 1200);
+            highest = highest.max(c.loss_rate());
+        }
+        assert!(highest <= MAX_NOISE_LOSS_RATE, "smoothed loss rate reached {highest}");
+        assert!(c.loss_rate() > 0.005, "the rate still follows the loss: {}", c.loss_rate());
     }
 
     #[test]
