@@ -151,8 +151,9 @@ pub enum FsyncPolicy {
     Always,
     /// Group commit: appends queue up and one fsync at most every
     /// `fsync_interval` makes all of them durable, or sooner once a group
-    /// holds 256 KiB (with `block`). Survives power loss; adds up to
-    /// `fsync_interval` of latency.
+    /// holds 256 KiB (with `block`) or has stopped growing for
+    /// `fsync_settle`. Survives power loss; adds up to `fsync_interval` of
+    /// latency.
     #[default]
     Batch,
     /// Return after `write()`: survives a process crash, not a power cut.
@@ -191,6 +192,14 @@ pub struct BufferConfig {
     /// on slow disks) and more latency per append.
     #[serde(with = "humantime_serde")]
     pub fsync_interval: Duration,
+    /// Under `batch`: a group that has not grown for this long is made
+    /// durable without waiting out the interval. Producers that wait for
+    /// their answer (devices, the ingest endpoint) send nothing more until
+    /// they get it, so once they have all queued, waiting longer only adds
+    /// latency. Default `1ms`; `0s` turns it off (at most one fsync per
+    /// interval, whatever the load). At most `fsync_interval`.
+    #[serde(with = "humantime_serde")]
+    pub fsync_settle: Duration,
     /// Size at which a segment file is closed and a new one started.
     /// Default `64 MiB`. Space is freed by whole segments, so smaller
     /// segments free space sooner and mean more files; larger segments make
@@ -217,6 +226,7 @@ impl Default for BufferConfig {
             dir: PathBuf::from("data/buffer"),
             fsync: FsyncPolicy::Batch,
             fsync_interval: Duration::from_millis(10),
+            fsync_settle: Duration::from_millis(1),
             segment_bytes: ByteSize::mib(64),
             max_bytes: ByteSize::gib(10),
             overflow: OverflowPolicy::Block,
@@ -263,6 +273,12 @@ impl BufferConfig {
             problems.push(format!(
                 "fsync_interval: {:?} is above the maximum of 60s (appends wait that long)",
                 self.fsync_interval
+            ));
+        }
+        if self.fsync_settle > self.fsync_interval {
+            problems.push(format!(
+                "fsync_settle: {:?} is above fsync_interval ({:?})",
+                self.fsync_settle, self.fsync_interval
             ));
         }
         if problems.is_empty() { Ok(()) } else { Err(Error::InvalidConfig { problems }) }
@@ -326,6 +342,7 @@ mod tests {
         assert_eq!(config.max_bytes, ByteSize::gib(2));
         assert_eq!(config.overflow, OverflowPolicy::DropOldest);
         assert_eq!(config.io_error_wait, Duration::from_secs(5));
+        assert_eq!(config.fsync_settle, Duration::from_millis(1));
         config.validate().unwrap();
 
         let empty: BufferConfig = toml::from_str("").unwrap();
@@ -343,14 +360,16 @@ mod tests {
             dir: PathBuf::new(),
             segment_bytes: ByteSize::b(10),
             max_bytes: ByteSize::b(0),
+            fsync_settle: Duration::from_millis(20),
             ..BufferConfig::default()
         };
         let Err(Error::InvalidConfig { problems }) = config.validate() else {
             panic!("expected InvalidConfig");
         };
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems.len(), 4, "{problems:?}");
         assert!(problems[0].starts_with("dir:"));
         assert!(problems[1].starts_with("segment_bytes:"));
         assert!(problems[2].starts_with("max_bytes:"));
+        assert!(problems[3].starts_with("fsync_settle:"), "{problems:?}");
     }
 }

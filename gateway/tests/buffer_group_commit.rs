@@ -65,6 +65,35 @@ async fn concurrent_appenders_are_all_answered_and_durable() {
     }
 }
 
+/// Under `batch`, an append waits for the interval only while its group
+/// may still grow: once nothing more has arrived for `fsync_settle`, it is
+/// made durable. With `fsync_settle = "0s"` it waits out the interval (here
+/// a minute, ended by closing the buffer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_stopped_growing_does_not_wait_out_the_interval() {
+    for settle in [Duration::from_millis(20), Duration::ZERO] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = config(dir.path(), FsyncPolicy::Batch, 4096, 1 << 20);
+        config.fsync_interval = Duration::from_secs(60);
+        config.fsync_settle = settle;
+        let buffer = Arc::new(open(&config).await);
+        // No fsync yet: the first append goes at once.
+        within("the first append", buffer.append(vec![payload(1, 10)])).await.unwrap();
+        let second = tokio::spawn({
+            let buffer = Arc::clone(&buffer);
+            async move { buffer.append(vec![payload(2, 10)]).await }
+        });
+        if settle.is_zero() {
+            // Nothing to await: the append must still be waiting a while later.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!second.is_finished(), "answered before the interval without settling");
+            within("close", buffer.close()).await.unwrap();
+        }
+        assert_eq!(within("the second append", second).await.unwrap().unwrap(), 2..=2);
+        assert_eq!(buffer.stats().appended_total, 2, "settle {settle:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_wake_on_the_watermark() {
     let dir = tempfile::tempdir().unwrap();

@@ -28,6 +28,7 @@ pub fn config(dir: &Path, fsync: FsyncPolicy, segment_bytes: u64, max_bytes: u64
         dir: dir.to_owned(),
         fsync,
         fsync_interval: Duration::from_millis(2),
+        fsync_settle: Duration::from_millis(1),
         segment_bytes: ByteSize(segment_bytes),
         max_bytes: ByteSize(max_bytes),
         overflow: OverflowPolicy::Block,

@@ -6,7 +6,9 @@
 //! fsyncs at most once per `fsync_interval`: appends arriving meanwhile
 //! join the group, so many concurrent appenders share one fsync; a group
 //! that reaches [`FULL_GROUP_BYTES`] meanwhile is written and fsynced at
-//! once (see [`Writer::gather`]). Blocking I/O stays off the async threads.
+//! once (see [`Writer::gather`]), and so is one that stopped growing for
+//! `fsync_settle` (see [`Writer::next_work`]). Blocking I/O stays off the
+//! async threads.
 //!
 //! Failures (disk full, EIO) never panic and never leave a half record
 //! behind as valid data: see [`Writer::rollback`] and [`Writer::commit`].
@@ -116,7 +118,9 @@ impl fmt::Display for Failure {
 }
 
 enum Work {
-    Requests(Vec<Request>),
+    /// Appends to commit; `gather`: the group may still wait for the
+    /// interval and grow (see [`Writer::gather`]); not once it settled.
+    Requests { requests: Vec<Request>, gather: bool },
     Housekeeping,
     Close(Option<oneshot::Sender<Result<()>>>),
     Abandon,
@@ -142,9 +146,9 @@ impl Writer {
             match self.next_work() {
                 Work::Abandon => return,
                 Work::Housekeeping => self.housekeeping(false),
-                Work::Requests(requests) => {
+                Work::Requests { requests, gather } => {
                     self.housekeeping(false);
-                    self.commit(requests);
+                    self.commit(requests, gather);
                 }
                 Work::Close(reply) => {
                     let result = self.finish();
@@ -158,31 +162,48 @@ impl Writer {
     }
 
     /// Waits for something to do. Under `batch`, queued appends wait until
-    /// an fsync is allowed again, gathering the appends that arrive meanwhile.
+    /// an fsync is allowed again, gathering the appends that arrive
+    /// meanwhile, unless the group is full or has settled.
     fn next_work(&mut self) -> Work {
         let config = &self.shared.config;
+        let settle = config.fsync_settle;
+        // The queued appends at the last check, and since when.
+        let mut growth: Option<(usize, Instant)> = None;
         let mut inbox = lock(&self.shared.inbox);
         loop {
             if inbox.abandoned {
                 return Work::Abandon;
             }
             if !inbox.requests.is_empty() {
+                let now = Instant::now();
                 let due = match (config.fsync, self.last_sync) {
                     (FsyncPolicy::Batch, Some(last)) if !inbox.closing => {
-                        (last + config.fsync_interval).checked_duration_since(Instant::now())
+                        (last + config.fsync_interval).checked_duration_since(now)
                     }
                     _ => None,
                 };
                 // A full group goes now, without waiting for the interval.
                 let early = self.early_writes() && inbox.queued_bytes >= FULL_GROUP_BYTES;
+                // So does a group that stopped growing: its producers wait
+                // for it and send no more until answered.
+                let queued = inbox.requests.len();
+                let still = match growth {
+                    Some((n, since)) if n == queued => now.saturating_duration_since(since),
+                    _ => {
+                        growth = Some((queued, now));
+                        Duration::ZERO
+                    }
+                };
+                let settled = !settle.is_zero() && still >= settle;
                 match due {
-                    Some(wait) if !wait.is_zero() && !early => {
+                    Some(wait) if !wait.is_zero() && !early && !settled => {
+                        let wait = if settle.is_zero() { wait } else { wait.min(settle - still) };
                         inbox = self.shared.wait_inbox(inbox, wait);
                         continue;
                     }
                     _ => {
                         inbox.kicked = false;
-                        return Work::Requests(inbox.take());
+                        return Work::Requests { requests: inbox.take(), gather: !settled };
                     }
                 }
             }
@@ -206,7 +227,7 @@ impl Writer {
     /// segment and retries at once. An append that waited longer than
     /// `io_error_wait` gets a retryable [`Error::NotDurable`]; on close every
     /// append still failing gets it at once.
-    fn commit(&mut self, requests: Vec<Request>) {
+    fn commit(&mut self, requests: Vec<Request>, gather: bool) {
         let mut pending: VecDeque<Pending> =
             requests.into_iter().map(|req| Pending { req, done: 0, first_seq: 0 }).collect();
         let mut backoff = FIRST_BACKOFF;
@@ -214,7 +235,7 @@ impl Writer {
         // Only the group's first unit waits for the interval (and gathers);
         // a continuation after a full segment or a retry after a failure
         // goes ahead, as it always has.
-        let mut first = true;
+        let mut first = gather;
         while !pending.is_empty() {
             if self.shutting_down().1 {
                 return; // abandoned: the dropped replies answer `Closed`
