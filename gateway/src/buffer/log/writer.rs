@@ -120,7 +120,10 @@ impl fmt::Display for Failure {
 enum Work {
     /// Appends to commit; `gather`: the group may still wait for the
     /// interval and grow (see [`Writer::gather`]); not once it settled.
-    Requests { requests: Vec<Request>, gather: bool },
+    Requests {
+        requests: Vec<Request>,
+        gather: bool,
+    },
     Housekeeping,
     Close(Option<oneshot::Sender<Result<()>>>),
     Abandon,
