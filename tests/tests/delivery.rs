@@ -213,6 +213,35 @@ async fn quic_reports_its_path_and_reads_random_loss_as_noise() {
     }
 }
 
+/// Behind a real bottleneck (the proxy caps the link at 64 KB/s and drops
+/// what does not fit in a 16 KiB queue) the losses come with a grown round
+/// trip, and the default controller backs off for them like Cubic: it
+/// ignores random loss only, so it still shares a congested link.
+#[tokio::test]
+async fn behind_a_bottleneck_quic_still_backs_off_for_its_losses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "off", "127.0.0.1:0").await;
+    let upstream = cloud.receiver(Transport::Quic);
+    let link = ["--bandwidth", "64KB", "--queue", "16KiB", "--latency", "5ms", "--seed", "7"];
+    let mut args = vec!["proxy", "--protocol", "udp", "--upstream", &upstream];
+    args.extend(link);
+    let proxy = Process::start("opgraph-sim", &args, &[], &["proxy"]).await.unwrap();
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let config = gateway_config(&gw_dir, Transport::Quic, &proxy.addrs["proxy"], &cloud.cert(), "");
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    gateway.post("parcel.sorted", 20_000).await;
+    let health = wait_drained(&gateway).await;
+    assert_eq!(health["uplink"]["last_acked_sequence"], 20_000, "{health}");
+
+    let lost = gateway.metric("opgraph_gateway_uplink_lost_packets_total").await.unwrap();
+    let events = gateway.metric("opgraph_gateway_uplink_congestion_events_total").await.unwrap();
+    let noise = gateway.metric("opgraph_gateway_uplink_noise_losses_total").await.unwrap();
+    assert!(lost >= 1.0, "the queue never overflowed: {lost} packets lost");
+    assert!(noise < events, "{noise} of {events} congestion events read as noise");
+    assert!(gateway.process.terminate().await.unwrap().success());
+}
+
 #[tokio::test]
 async fn grpc_gateway_killed_mid_delivery_resumes_without_loss_or_duplicates() {
     killed_mid_delivery_resumes(Transport::Grpc).await;
