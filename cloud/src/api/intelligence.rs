@@ -22,15 +22,11 @@ use crate::intelligence::{
     next_actions,
 };
 use crate::store::queries::{
-    ActorActivity, Attribution, AttributionModel, AttributionQuery, ConnectorLoad, EventTotals,
-    Range, RunQuery, RunSummary, SeriesQuery, TotalsQuery,
+    AGENT_TYPES, ActorActivity, Attribution, AttributionModel, AttributionQuery, ConnectorLoad,
+    EventTotals, Range, RunQuery, RunSummary, SeriesQuery, TotalsQuery,
 };
 
 type ErrorBody = crate::error::ErrorBody;
-
-/// Actor types whose activity `/api/usage` reports as agents.
-const AGENT_TYPES: [&str; 6] =
-    ["agent", "ai_agent", "robot", "mcp_server", "cli_workflow", "workflow"];
 
 /// What the rules and the health score look at, for one business at one
 /// time. Each part is gathered only when asked for.

@@ -272,6 +272,12 @@ pub struct RunQuery {
     pub limit: usize,
 }
 
+/// Actor types whose activity `/api/usage` reports as agents. The
+/// embedded store keeps a partial index of exactly these, in this order
+/// (`events_agents` in `embedded/schema.sql`).
+pub const AGENT_TYPES: [&str; 6] =
+    ["agent", "ai_agent", "robot", "mcp_server", "cli_workflow", "workflow"];
+
 /// Event-name prefixes whose traced events are runs.
 pub const RUN_PREFIXES: [&str; 5] = ["workflow.", "robot.", "agent.", "mission.", "job."];
 

@@ -21,10 +21,10 @@ use super::{EmbeddedStore, journeys, sql};
 use crate::error::{Error, Result};
 use crate::store::StoredEvent;
 use crate::store::queries::{
-    ActorActivity, Aggregation, Attribution, AttributionQuery, ConnectorLoad, Entity, EventTotals,
-    FunnelQuery, MetricDefinition, MetricSnapshot, QueryStore, RUN_PREFIXES, Range, Relationship,
-    RunQuery, RunSummary, SEARCH_COUNT_CAP, SearchQuery, SearchResult, SeriesPoint, SeriesQuery,
-    Totals, TotalsQuery, run_status,
+    AGENT_TYPES, ActorActivity, Aggregation, Attribution, AttributionQuery, ConnectorLoad, Entity,
+    EventTotals, FunnelQuery, MetricDefinition, MetricSnapshot, QueryStore, RUN_PREFIXES, Range,
+    Relationship, RunQuery, RunSummary, SEARCH_COUNT_CAP, SearchQuery, SearchResult, SeriesPoint,
+    SeriesQuery, Totals, TotalsQuery, run_status,
 };
 
 /// A statement's text and its named parameters, built up from the filters
@@ -409,13 +409,43 @@ fn actor_activity(
     actor: Option<&str>,
     limit: usize,
 ) -> Result<Vec<ActorActivity>> {
+    let (q, text) = actor_activity_sql(ws, range, types, actor, limit);
+    let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
+    let rows = stmt
+        .query_map(q.params().as_slice(), |r| {
+            Ok(ActorActivity {
+                actor_type: r.get(0)?,
+                actor_id: r.get(1)?,
+                events: count(r.get(2)?),
+                revenue: r.get(3)?,
+                first_seen: r.get(4)?,
+                last_seen: r.get(5)?,
+            })
+        })
+        .map_err(sql)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+}
+
+/// The statement of [`actor_activity`] and its parameters.
+fn actor_activity_sql(
+    ws: &str,
+    range: Range,
+    types: &[String],
+    actor: Option<&str>,
+    limit: usize,
+) -> (Sql, String) {
     let mut q = Sql::default();
     q.bind(":ws", ws.to_owned());
     q.bind(":from", range.from);
     q.bind(":to", range.to);
     q.bind(":limit", int(limit));
     let mut filter = String::new();
-    if !types.is_empty() {
+    if *types == AGENT_TYPES[..] {
+        // The partial index `events_agents` serves only a query that
+        // repeats its WHERE term literally (SQLite cannot tell that bound
+        // values match it).
+        filter.push_str(&format!(" AND {}", agent_types_term()));
+    } else if !types.is_empty() {
         let names: Vec<String> = (0..types.len()).map(|i| format!(":t{i}")).collect();
         for (name, t) in names.iter().zip(types) {
             q.bind(name, t.clone());
@@ -432,20 +462,13 @@ fn actor_activity(
             AND actor_id IS NOT NULL{filter}
          GROUP BY actor_type, actor_id ORDER BY count(*) DESC, actor_id LIMIT :limit"
     );
-    let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
-    let rows = stmt
-        .query_map(q.params().as_slice(), |r| {
-            Ok(ActorActivity {
-                actor_type: r.get(0)?,
-                actor_id: r.get(1)?,
-                events: count(r.get(2)?),
-                revenue: r.get(3)?,
-                first_seen: r.get(4)?,
-                last_seen: r.get(5)?,
-            })
-        })
-        .map_err(sql)?;
-    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+    (q, text)
+}
+
+/// `actor_type IN ('agent', ...)`: the WHERE term of `events_agents`.
+fn agent_types_term() -> String {
+    let quoted: Vec<String> = AGENT_TYPES.iter().map(|t| format!("'{t}'")).collect();
+    format!("actor_type IN ({})", quoted.join(", "))
 }
 
 fn proof_gaps(
@@ -836,6 +859,52 @@ mod tests {
         let s = split(Range { from: 10 * h + 1, to: 10 * h + 9 });
         assert_eq!(s.hours, (0, 0));
         assert_eq!(s.left, (10 * h + 1, 10 * h + 9));
+    }
+
+    #[test]
+    fn agents_are_read_through_their_partial_index_with_the_same_answer() {
+        use crate::store::NewEvent;
+        use crate::store::embedded::{
+            append_in_transaction, open_writer_connection, prepare_events,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer_connection(dir.path()).unwrap();
+        let actors = [("robot", "r1"), ("robot", "r1"), ("ai_agent", "a1"), ("user", "u1")];
+        let events = actors
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, id))| {
+                let mut e = opgraph_proto::Event::named("step.done");
+                e.actor = Some(opgraph_proto::Party::Ref {
+                    kind: (*kind).into(),
+                    id: (*id).into(),
+                    extra: Default::default(),
+                });
+                e.timestamp = Some(1000 + i as i64);
+                NewEvent { id: format!("evt_{i}"), received_at: 0, event: e }
+            })
+            .collect();
+        append_in_transaction(&conn, "ws", prepare_events(events), None).unwrap();
+        let range = Range { from: 0, to: 10_000 };
+        let agents: Vec<String> = AGENT_TYPES.iter().map(|t| (*t).to_owned()).collect();
+        let plan = |types: &[String]| {
+            let (q, text) = actor_activity_sql("ws", range, types, None, 10);
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {text}")).unwrap();
+            let rows = stmt.query_map(q.params().as_slice(), |r| r.get::<_, String>(3)).unwrap();
+            rows.collect::<rusqlite::Result<Vec<_>>>().unwrap().join("; ")
+        };
+        assert!(plan(&agents).contains("events_agents"), "{}", plan(&agents));
+        assert!(!plan(&["user".to_owned()]).contains("events_agents"));
+
+        // The literal term answers as the bound one did.
+        let literal = actor_activity(&conn, "ws", range, &agents, None, 10).unwrap();
+        let mut reordered = agents.clone();
+        reordered.reverse(); // not the index's list: bound parameters
+        let bound = actor_activity(&conn, "ws", range, &reordered, None, 10).unwrap();
+        let ids: Vec<(&str, u64)> =
+            literal.iter().map(|a| (a.actor_id.as_str(), a.events)).collect();
+        assert_eq!(ids, [("r1", 2), ("a1", 1)]);
+        assert_eq!(format!("{literal:?}"), format!("{bound:?}"));
     }
 
     #[test]
