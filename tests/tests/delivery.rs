@@ -163,22 +163,29 @@ async fn killed_mid_delivery_resumes(transport: Transport) {
     assert!(gateway.process.terminate().await.unwrap().success());
 }
 
+/// A cloud with only its QUIC receiver, behind `opgraph-sim proxy`
+/// (UDP) with the `link` options.
+async fn quic_cloud_behind_proxy(dir: &Path, link: &[&str]) -> (CloudProc, Process) {
+    let cloud = CloudProc::start(&dir.join("cloud"), "off", "127.0.0.1:0").await;
+    let upstream = cloud.receiver(Transport::Quic);
+    let mut args = vec!["proxy", "--protocol", "udp", "--upstream", &upstream, "--seed", "7"];
+    args.extend(link);
+    let proxy = Process::start("opgraph-sim", &args, &[], &["proxy"]).await.unwrap();
+    (cloud, proxy)
+}
+
 /// Through a link that drops 2 % of datagrams each way without queueing
-/// (the proxy, 50 ms round trip), the QUIC uplink reports what it measured, and its default
-/// congestion controller reads those losses as noise while plain Cubic
-/// backs off for every one.
+/// (the proxy, 50 ms round trip), the QUIC uplink reports what it
+/// measured, and its default congestion controller reads those losses as
+/// noise while plain Cubic backs off for every one.
 #[tokio::test]
 async fn quic_reports_its_path_and_reads_random_loss_as_noise() {
     let tmp = tempfile::tempdir().unwrap();
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "off", "127.0.0.1:0").await;
-    let upstream = cloud.receiver(Transport::Quic);
     // 25 ms each way: the controller allows a quarter of the round trip
     // (12.5 ms) as queueing before it calls a loss congestion, which keeps
     // a loaded test machine's scheduling jitter from looking like a queue.
-    let link = ["--loss", "0.02", "--latency", "25ms", "--seed", "7"];
-    let mut args = vec!["proxy", "--protocol", "udp", "--upstream", &upstream];
-    args.extend(link);
-    let proxy = Process::start("opgraph-sim", &args, &[], &["proxy"]).await.unwrap();
+    let link = ["--loss", "0.02", "--latency", "25ms"];
+    let (cloud, proxy) = quic_cloud_behind_proxy(tmp.path(), &link).await;
     for congestion in ["loss_tolerant", "cubic"] {
         let gw_dir = tmp.path().join(congestion);
         std::fs::create_dir_all(&gw_dir).unwrap();
@@ -223,12 +230,8 @@ async fn quic_reports_its_path_and_reads_random_loss_as_noise() {
 #[tokio::test]
 async fn behind_a_bottleneck_quic_still_backs_off_for_its_losses() {
     let tmp = tempfile::tempdir().unwrap();
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "off", "127.0.0.1:0").await;
-    let upstream = cloud.receiver(Transport::Quic);
-    let link = ["--bandwidth", "64KB", "--queue", "16KiB", "--latency", "5ms", "--seed", "7"];
-    let mut args = vec!["proxy", "--protocol", "udp", "--upstream", &upstream];
-    args.extend(link);
-    let proxy = Process::start("opgraph-sim", &args, &[], &["proxy"]).await.unwrap();
+    let link = ["--bandwidth", "64KB", "--queue", "16KiB", "--latency", "5ms"];
+    let (cloud, proxy) = quic_cloud_behind_proxy(tmp.path(), &link).await;
     let gw_dir = tmp.path().join("gateway");
     std::fs::create_dir_all(&gw_dir).unwrap();
     let config = gateway_config(&gw_dir, Transport::Quic, &proxy.addrs["proxy"], &cloud.cert(), "");
