@@ -78,6 +78,12 @@ pub struct StoreConfig {
     /// drained, which still groups whatever arrived during the last commit.
     #[serde(with = "humantime_serde")]
     pub group_commit_window: Duration,
+    /// Page cache of the embedded store's writer. Each event updates
+    /// indexes keyed by random ids; once they outgrow this cache, the
+    /// writer spends its time reading pages back. Allocated as used, so
+    /// a small store stays small. Default `256MiB`, at least `4MiB`. Env
+    /// `OPGRAPH_WRITER_CACHE`.
+    pub writer_cache: ByteSize,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -214,6 +220,7 @@ impl Default for StoreConfig {
             clickhouse_database: "opgraph".into(),
             clickhouse_cluster: None,
             group_commit_window: Duration::ZERO,
+            writer_cache: ByteSize::b(crate::store::embedded::DEFAULT_WRITER_CACHE),
         }
     }
 }
@@ -321,6 +328,9 @@ impl Config {
                 humantime_serde::re::humantime::parse_duration(v.trim())
                     .map_err(|e| problem("OPGRAPH_PROOF_TIMEOUT", format!("{e}: {v:?}")))?;
         }
+        if let Some(v) = env("OPGRAPH_WRITER_CACHE") {
+            self.store.writer_cache = parsed("OPGRAPH_WRITER_CACHE", v)?;
+        }
         if let Some(v) = env("OPGRAPH_DATA_DIR") {
             self.store.data_dir = PathBuf::from(v);
         }
@@ -408,6 +418,9 @@ impl Config {
         if self.store.group_commit_window > Duration::from_secs(1) {
             return Err(problem("store.group_commit_window", "must be at most 1s"));
         }
+        if self.store.writer_cache < ByteSize::mib(4) {
+            return Err(problem("store.writer_cache", "must be at least 4MiB"));
+        }
         if let Some(key) = &self.auth.bootstrap_key
             && !crate::auth::looks_like_api_key(key)
         {
@@ -494,6 +507,17 @@ mod tests {
             .unwrap();
         assert_eq!(config.http.addr.port(), 0);
         assert_eq!(config.http.body_limit, ByteSize::mib(2));
+    }
+
+    #[test]
+    fn writer_cache_has_a_floor_and_an_env_override() {
+        let with = |size: &'static str| {
+            move |k: &str| (k == "OPGRAPH_WRITER_CACHE").then(|| size.to_owned())
+        };
+        let config = Config::load(None, with("64MiB")).unwrap();
+        assert_eq!(config.store.writer_cache, ByteSize::mib(64));
+        assert_eq!(Config::load(None, with("1MiB")).unwrap_err().key, "store.writer_cache");
+        assert_eq!(Config::load(None, with("lots")).unwrap_err().key, "OPGRAPH_WRITER_CACHE");
     }
 
     #[test]

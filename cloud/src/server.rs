@@ -14,7 +14,7 @@ use crate::config::{Config, StoreKind};
 use crate::receiver::tls::TlsMaterial;
 use crate::receiver::{Receiver, grpc, quic};
 use crate::store::clickhouse::{ClickHouseConfig, ClickHouseStore};
-use crate::store::embedded::EmbeddedStore;
+use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::{ApiKeyRecord, NewApiKey, Store, Workspace};
 use crate::telemetry::Metrics;
 use crate::usage::Usage;
@@ -110,9 +110,13 @@ async fn start_receivers(
 /// router of exactly this state.
 pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     let store: Arc<dyn Store> = match config.store.kind {
-        StoreKind::Embedded => {
-            Arc::new(EmbeddedStore::open(&config.store.data_dir, config.store.group_commit_window)?)
-        }
+        StoreKind::Embedded => Arc::new(EmbeddedStore::open(
+            &config.store.data_dir,
+            EmbeddedOptions {
+                group_commit_window: config.store.group_commit_window,
+                writer_cache: config.store.writer_cache.as_u64(),
+            },
+        )?),
         StoreKind::Clickhouse => {
             // Still the home of the bootstrap key, TLS material and salts.
             std::fs::create_dir_all(&config.store.data_dir).map_err(|e| {

@@ -59,10 +59,33 @@ pub struct EmbeddedStore {
     readers: Arc<Mutex<Vec<Connection>>>,
 }
 
+/// How the embedded store runs; see `StoreConfig` for what each costs.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddedOptions {
+    /// Extra wait to gather concurrent writes into one transaction.
+    pub group_commit_window: Duration,
+    /// Page cache of the writer connection, in bytes.
+    pub writer_cache: u64,
+}
+
+/// The writer's default page cache. Every event touches leaf pages of
+/// indexes keyed by random ids (trace, event id); once those indexes
+/// outgrow the cache, half the writer's time went to reading pages back
+/// (measured at 1.5 M events with a 64 MiB cache). SQLite allocates the
+/// cache as pages are used, so a small store never pays for it.
+pub const DEFAULT_WRITER_CACHE: u64 = 256 * 1024 * 1024;
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions { group_commit_window: Duration::ZERO, writer_cache: DEFAULT_WRITER_CACHE }
+    }
+}
+
 impl EmbeddedStore {
     /// Opens (or creates) the store in `dir` and starts its writer thread.
-    pub fn open(dir: &Path, group_commit_window: Duration) -> Result<EmbeddedStore> {
-        let conn = open_writer_connection(dir)?;
+    pub fn open(dir: &Path, options: EmbeddedOptions) -> Result<EmbeddedStore> {
+        let conn = open_writer(dir, options.writer_cache)?;
+        let group_commit_window = options.group_commit_window;
         let path = dir.join(DB_FILE);
         // Checkpoints move to a thread of their own ([`checkpointer`]).
         conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(Error::internal)?;
@@ -168,13 +191,19 @@ pub fn prepare_events(events: Vec<NewEvent>) -> PreparedEvents {
 /// thread, and with SQLite's automatic checkpoints, which the store moves to
 /// its checkpointer thread. For tools and the ingest benchmark's raw-engine baseline;
 /// never open it beside a running [`EmbeddedStore`] on the same directory.
+/// Its page cache is [`DEFAULT_WRITER_CACHE`], as the store's by default.
 pub fn open_writer_connection(dir: &Path) -> Result<Connection> {
+    open_writer(dir, DEFAULT_WRITER_CACHE)
+}
+
+/// [`open_writer_connection`] with a page cache of `cache` bytes.
+fn open_writer(dir: &Path, cache: u64) -> Result<Connection> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
     let path = dir.join(DB_FILE);
     let conn = Connection::open(&path)
         .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;
-    configure_writer(&conn).map_err(Error::internal)?;
+    configure_writer(&conn, cache).map_err(Error::internal)?;
     migrate(&conn).map_err(Error::internal)?;
     conn.execute_batch(events::PENDING_TABLES).map_err(Error::internal)?;
     // Statistics for the planner: only tables whose size changed much since
@@ -210,12 +239,15 @@ pub fn append_in_transaction(
     }
 }
 
+/// How much of the database file each connection maps.
+const MMAP_SIZE: i64 = 256 * 1024 * 1024;
+
 /// Statements kept prepared per connection. The write path alone uses more
 /// than rusqlite's default of 16, and an evicted statement is parsed and
 /// planned again on its next use.
 const STATEMENT_CACHE: usize = 128;
 
-fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
+fn configure_writer(conn: &Connection, cache: u64) -> rusqlite::Result<()> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     // Plans that do not depend on bound values. Without this, a cached
     // query whose plan consulted a bound value (planner statistics, partial
@@ -228,7 +260,11 @@ fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
     // write survives power loss, not only a process crash.
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "busy_timeout", 5000)?;
-    conn.pragma_update(None, "cache_size", -65536)?;
+    // A negative cache_size is in KiB.
+    conn.pragma_update(None, "cache_size", -i64::try_from(cache / 1024).unwrap_or(i64::MAX))?;
+    // Pages the cache misses are read through the mapping instead of a
+    // pread and a copy each; writes still go through the WAL.
+    conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(())
 }
@@ -276,7 +312,7 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     )?;
     conn.pragma_update(None, "busy_timeout", 5000)?;
     conn.pragma_update(None, "cache_size", -65536)?;
-    conn.pragma_update(None, "mmap_size", 268_435_456)?;
+    conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
     // Attribution sorts its candidate rows: in memory, not
     // in temporary files.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
@@ -681,16 +717,44 @@ impl Store for EmbeddedStore {
 
 #[cfg(test)]
 mod conformance {
-    use std::time::Duration;
-
-    use super::EmbeddedStore;
+    use super::{EmbeddedOptions, EmbeddedStore};
 
     /// A fresh store in a temporary directory that lives as long as it.
     async fn open() -> (EmbeddedStore, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let store = EmbeddedStore::open(dir.path(), Duration::ZERO).expect("open store");
+        let store =
+            EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open store");
         (store, dir)
     }
 
     crate::store_conformance!(open);
+}
+
+#[cfg(test)]
+mod writer_cache {
+    use super::{EmbeddedOptions, EmbeddedStore, Error};
+
+    /// The writer connection's `cache_size` (negative: KiB) and `mmap_size`.
+    async fn writer_pragmas(options: EmbeddedOptions) -> (i64, i64) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), options).expect("open store");
+        store
+            .write(|conn| {
+                let pragma = |name: &str| {
+                    conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0))
+                        .map_err(Error::internal)
+                };
+                Ok((pragma("cache_size")?, pragma("mmap_size")?))
+            })
+            .await
+            .expect("read the writer's pragmas")
+    }
+
+    #[tokio::test]
+    async fn the_writer_uses_the_configured_cache_and_maps_the_file() {
+        let default = writer_pragmas(EmbeddedOptions::default()).await;
+        assert_eq!(default, (-256 * 1024, 256 * 1024 * 1024));
+        let small = EmbeddedOptions { writer_cache: 8 * 1024 * 1024, ..EmbeddedOptions::default() };
+        assert_eq!(writer_pragmas(small).await.0, -8 * 1024);
+    }
 }

@@ -469,7 +469,6 @@ impl ConnectorStore for ClickHouseStore {
 /// the embedded store answers.
 #[cfg(test)]
 pub(super) mod tests {
-    use std::time::Duration;
 
     use serde_json::json;
 
@@ -612,8 +611,11 @@ pub(super) mod tests {
 
     async fn resync_on_embedded(now: i64) -> Seen {
         let dir = tempfile::tempdir().unwrap();
-        let embedded =
-            crate::store::embedded::EmbeddedStore::open(dir.path(), Duration::ZERO).unwrap();
+        let embedded = crate::store::embedded::EmbeddedStore::open(
+            dir.path(),
+            crate::store::embedded::EmbeddedOptions::default(),
+        )
+        .unwrap();
         let seen = resync(&embedded, now).await;
         embedded.close().await.unwrap();
         seen

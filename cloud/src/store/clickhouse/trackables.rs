@@ -244,7 +244,6 @@ impl TrackableStore for ClickHouseStore {
 /// the embedded store answers.
 #[cfg(test)]
 pub(super) mod tests {
-    use std::time::Duration;
 
     use serde_json::{Value, json};
 
@@ -355,8 +354,11 @@ pub(super) mod tests {
         let now = crate::now_ms();
         let on_clickhouse = register_and_use(&store, now).await;
         let dir = tempfile::tempdir().unwrap();
-        let embedded =
-            crate::store::embedded::EmbeddedStore::open(dir.path(), Duration::ZERO).unwrap();
+        let embedded = crate::store::embedded::EmbeddedStore::open(
+            dir.path(),
+            crate::store::embedded::EmbeddedOptions::default(),
+        )
+        .unwrap();
         let on_embedded = register_and_use(&embedded, now).await;
         embedded.close().await.unwrap();
         assert_eq!(on_clickhouse, on_embedded);

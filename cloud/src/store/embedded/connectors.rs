@@ -245,7 +245,6 @@ mod tests {
     use super::*;
     use crate::store::{EventFilter, NewEvent, Store, UsageTotals, Workspace};
     use serde_json::json;
-    use std::time::Duration;
 
     fn record(id: &str, total: f64, now: i64) -> ConnectorRecord {
         record_at(id, total, now, now - 60_000)
@@ -288,7 +287,9 @@ mod tests {
     #[tokio::test]
     async fn resync_replaces_the_event_and_its_derived_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), Duration::ZERO).unwrap();
+        let store =
+            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
+                .unwrap();
         let ws = Workspace { id: "ws_a".into(), name: "a".into(), created_at: 0 };
         store.create_workspace(&ws).await.unwrap();
         let now = crate::now_ms();
@@ -355,7 +356,9 @@ mod tests {
     async fn a_replaced_event_keeps_the_actor_bounds_true() {
         use crate::store::queries::{QueryStore, Range, TotalsQuery};
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), Duration::ZERO).unwrap();
+        let store =
+            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
+                .unwrap();
         let ws = Workspace { id: "ws_a".into(), name: "a".into(), created_at: 0 };
         store.create_workspace(&ws).await.unwrap();
         let now = crate::now_ms();

@@ -210,7 +210,6 @@ mod tests {
     use super::*;
     use crate::store::{AppendRequest, EventFilter, NewEvent, Store, Workspace};
     use serde_json::json;
-    use std::time::Duration;
 
     fn trackable(code: &str, scan_code: &str) -> Trackable {
         Trackable {
@@ -227,7 +226,9 @@ mod tests {
 
     async fn store() -> (tempfile::TempDir, EmbeddedStore) {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), Duration::ZERO).unwrap();
+        let store =
+            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
+                .unwrap();
         for ws in ["ws_a", "ws_b"] {
             let workspace = Workspace { id: ws.into(), name: ws.into(), created_at: 0 };
             store.create_workspace(&workspace).await.unwrap();
