@@ -68,11 +68,7 @@ pub struct EmbeddedOptions {
     pub writer_cache: u64,
 }
 
-/// The writer's default page cache. Every event touches leaf pages of
-/// indexes keyed by random ids (trace, event id); once those indexes
-/// outgrow the cache, half the writer's time went to reading pages back
-/// (measured at 1.5 M events with a 64 MiB cache). SQLite allocates the
-/// cache as pages are used, so a small store never pays for it.
+/// The writer's default page cache; why it is this large: docs/storage.md.
 pub const DEFAULT_WRITER_CACHE: u64 = 256 * 1024 * 1024;
 
 impl Default for EmbeddedOptions {
