@@ -61,9 +61,14 @@ pub struct StoreConfig {
     /// `./opgraph-data`. Env `OPGRAPH_DATA_DIR`.
     pub data_dir: PathBuf,
     /// ClickHouse HTTP URL when `kind = "clickhouse"`, e.g.
-    /// `http://127.0.0.1:8123` (credentials as `http://user:pass@host:8123`).
-    /// Env `OPGRAPH_CLICKHOUSE_URL`.
+    /// `http://127.0.0.1:8123`, or `https://host:8443` for a server behind
+    /// TLS (credentials as `http://user:pass@host:8123`). Env
+    /// `OPGRAPH_CLICKHOUSE_URL`.
     pub clickhouse_url: Option<String>,
+    /// PEM file of the CAs an `https://` ClickHouse's certificate must
+    /// chain to, for a private CA. Unset (default): the platform's roots.
+    /// Env `OPGRAPH_CLICKHOUSE_CA_FILE`.
+    pub clickhouse_ca_file: Option<PathBuf>,
     /// Database of the ClickHouse store, created if missing. Default
     /// `opgraph`. Env `OPGRAPH_CLICKHOUSE_DATABASE`.
     pub clickhouse_database: String,
@@ -217,6 +222,7 @@ impl Default for StoreConfig {
             kind: StoreKind::Embedded,
             data_dir: PathBuf::from("opgraph-data"),
             clickhouse_url: None,
+            clickhouse_ca_file: None,
             clickhouse_database: "opgraph".into(),
             clickhouse_cluster: None,
             group_commit_window: Duration::ZERO,
@@ -349,6 +355,9 @@ impl Config {
         if let Some(v) = env("OPGRAPH_CLICKHOUSE_URL") {
             self.store.clickhouse_url = Some(v);
         }
+        if let Some(v) = env("OPGRAPH_CLICKHOUSE_CA_FILE") {
+            self.store.clickhouse_ca_file = Some(PathBuf::from(v));
+        }
         if let Some(v) = env("OPGRAPH_CLICKHOUSE_DATABASE") {
             self.store.clickhouse_database = v;
         }
@@ -396,10 +405,15 @@ impl Config {
                 "required when store.kind = \"clickhouse\" (env OPGRAPH_CLICKHOUSE_URL)",
             ));
         }
-        if let Some(url) = &self.store.clickhouse_url
-            && let Err(why) = crate::store::clickhouse::parse_url(url)
-        {
-            return Err(problem("store.clickhouse_url", why));
+        if let Some(url) = &self.store.clickhouse_url {
+            let parsed = crate::store::clickhouse::parse_url(url)
+                .map_err(|why| problem("store.clickhouse_url", why))?;
+            if self.store.clickhouse_ca_file.is_some() && parsed.scheme() != "https" {
+                return Err(problem(
+                    "store.clickhouse_ca_file",
+                    "only for an https:// store.clickhouse_url",
+                ));
+            }
         }
         if let Some(cluster) = &self.store.clickhouse_cluster
             && !crate::store::clickhouse::plain_identifier(cluster)
@@ -539,17 +553,25 @@ mod tests {
     }
 
     #[test]
-    fn clickhouse_url_must_be_plain_http() {
-        let with = |url: &'static str| {
-            move |k: &str| (k == "OPGRAPH_CLICKHOUSE_URL").then(|| url.to_owned())
+    fn clickhouse_url_is_http_or_https_and_a_ca_file_needs_https() {
+        let with = |url: &'static str, ca: Option<&'static str>| {
+            move |k: &str| match k {
+                "OPGRAPH_CLICKHOUSE_URL" => Some(url.to_owned()),
+                "OPGRAPH_CLICKHOUSE_CA_FILE" => ca.map(str::to_owned),
+                _ => None,
+            }
         };
-        assert!(Config::load(None, with("http://127.0.0.1:8123")).is_ok());
-        for url in ["https://clickhouse.example:8443", "clickhouse:8123", "http://", "tcp://h:9000"]
-        {
-            let err = Config::load(None, with(url)).unwrap_err();
+        assert!(Config::load(None, with("http://127.0.0.1:8123", None)).is_ok());
+        let tls = Config::load(None, with("https://ch.example:8443", Some("/etc/ca.pem"))).unwrap();
+        assert_eq!(tls.store.clickhouse_ca_file.as_deref(), Some(Path::new("/etc/ca.pem")));
+        for url in ["clickhouse:8123", "http://", "tcp://h:9000", "file:///tmp/x"] {
+            let err = Config::load(None, with(url, None)).unwrap_err();
             assert_eq!(err.key, "store.clickhouse_url", "{url}");
-            assert!(err.message.contains("http://"), "{err}");
+            assert!(err.message.contains("https://"), "{err}");
         }
+        let err =
+            Config::load(None, with("http://127.0.0.1:8123", Some("/etc/ca.pem"))).unwrap_err();
+        assert_eq!(err.key, "store.clickhouse_ca_file");
     }
 
     #[test]

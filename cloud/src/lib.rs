@@ -42,6 +42,7 @@ pub mod receiver;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls_client;
 pub mod trackables;
 pub mod usage;
 

@@ -9,7 +9,6 @@
 //! rare and this keeps a rotated CA file effective without a restart.
 
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,9 +16,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::Request;
 use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
 use hyper_util::rt::TokioIo;
-use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -62,43 +59,18 @@ pub async fn post(
     if url.scheme() != "https" {
         return Err("proof_url must be https".to_owned());
     }
-    let tls = client_config(config.proof_ca_file.as_deref()).await?;
+    let ca_file = config.proof_ca_file.clone();
+    let tls = tokio::task::spawn_blocking(move || {
+        crate::tls_client::client_config("proof CA file", ca_file.as_deref())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
     let timeout = config.proof_timeout;
     tokio::time::timeout(timeout, exchange(&url, tls, payload, request_id, idempotency_key))
         .await
         .map_err(|_| {
         format!("timed out after {}", humantime_serde::re::humantime::format_duration(timeout))
     })?
-}
-
-async fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
-    let mut roots = RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let pem = tokio::fs::read(path)
-                .await
-                .map_err(|e| format!("proof CA file {}: {e}", path.display()))?;
-            for cert in CertificateDer::pem_slice_iter(&pem) {
-                let cert = cert.map_err(|e| format!("proof CA file {}: {e}", path.display()))?;
-                roots.add(cert).map_err(|e| format!("proof CA file {}: {e}", path.display()))?;
-            }
-            if roots.is_empty() {
-                return Err(format!("proof CA file {} holds no certificate", path.display()));
-            }
-        }
-        None => {
-            let native = tokio::task::spawn_blocking(rustls_native_certs::load_native_certs)
-                .await
-                .map_err(|e| e.to_string())?;
-            roots.add_parsable_certificates(native.certs);
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
 }
 
 async fn exchange(

@@ -125,7 +125,9 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             let url = config.store.clickhouse_url.clone().unwrap_or_default();
             let database = config.store.clickhouse_database.clone();
             let cluster = config.store.clickhouse_cluster.clone();
-            Arc::new(ClickHouseStore::open(&ClickHouseConfig { url, database, cluster }).await?)
+            let ca_file = config.store.clickhouse_ca_file.clone();
+            let store = ClickHouseConfig { url, database, cluster, ca_file };
+            Arc::new(ClickHouseStore::open(&store).await?)
         }
     };
     bootstrap(&config, store.as_ref()).await?;

@@ -105,8 +105,12 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 async fn open_store(url: &str, database: &str) -> ClickHouseStore {
-    let config =
-        ClickHouseConfig { url: url.to_owned(), database: database.to_owned(), cluster: None };
+    let config = ClickHouseConfig {
+        url: url.to_owned(),
+        database: database.to_owned(),
+        cluster: None,
+        ca_file: None,
+    };
     ClickHouseStore::open(&config).await.expect("open the ClickHouse store")
 }
 
@@ -230,7 +234,7 @@ async fn insert_part(o: &Options) {
     let store = open_store(&url, DATABASE).await;
     drop(open_store(&url, RAW_DATABASE).await); // the same schema, for the raw side
     // The same HTTP client settings as the store's (`TCP_NODELAY`).
-    let raw = client_for(&url).unwrap().with_database(RAW_DATABASE);
+    let raw = client_for(&url, None).unwrap().with_database(RAW_DATABASE);
     let epoch = store
         .open_gateway_session(WORKSPACE, "bench-gateway", "bench-buffer")
         .await

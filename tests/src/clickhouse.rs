@@ -29,6 +29,8 @@ pub struct ClickHouse {
     dir: tempfile::TempDir,
     http_port: u16,
     tcp_port: u16,
+    /// The HTTPS interface's port when started by [`Self::start_tls`], else 0.
+    https_port: u16,
     /// Configuration elements added to the generated `config.xml` (a
     /// cluster node's `remote_servers`, `macros`, `zookeeper`).
     extra_config: String,
@@ -59,7 +61,14 @@ impl ClickHouse {
     /// Starts a fresh, empty server and waits until it answers `/ping`.
     /// Fails (never skips) when the server is not installed.
     pub async fn start() -> Result<ClickHouse> {
-        Self::start_fresh(String::new(), "").await
+        Self::start_fresh(String::new(), "", false).await
+    }
+
+    /// [`Self::start`] with an HTTPS interface as well ([`Self::https_url`]),
+    /// its certificate for 127.0.0.1 signed by a CA made for this server
+    /// ([`Self::ca_file`]).
+    pub async fn start_tls() -> Result<ClickHouse> {
+        Self::start_fresh(String::new(), "", true).await
     }
 
     /// [`Self::start`] with every query of every user written to
@@ -68,21 +77,38 @@ impl ClickHouse {
     pub async fn start_logging_queries() -> Result<ClickHouse> {
         let query_log = "    <query_log><database>system</database><table>query_log</table>\
                          <flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>";
-        Self::start_fresh(query_log.to_owned(), "<log_queries>1</log_queries>").await
+        Self::start_fresh(query_log.to_owned(), "<log_queries>1</log_queries>", false).await
     }
 
-    async fn start_fresh(extra_config: String, profile: &'static str) -> Result<ClickHouse> {
+    async fn start_fresh(
+        extra_config: String,
+        profile: &'static str,
+        tls: bool,
+    ) -> Result<ClickHouse> {
         let binary = server_binary().context(
             "clickhouse-server is not installed: run `bash deploy/scripts/install-test-deps.sh` \
              (Debian's clickhouse-server package), as the project's test command does",
         )?;
         let dir = tempfile::Builder::new().prefix("opgraph-clickhouse-").tempdir()?;
-        let mut server =
-            ClickHouse { child: None, dir, http_port: 0, tcp_port: 0, extra_config, profile };
+        let mut server = ClickHouse {
+            child: None,
+            dir,
+            http_port: 0,
+            tcp_port: 0,
+            https_port: 0,
+            extra_config,
+            profile,
+        };
+        if tls {
+            server.write_certificates()?;
+        }
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             server.http_port = free_port()?;
             server.tcp_port = free_port()?;
+            if tls {
+                server.https_port = free_port()?;
+            }
             match server.launch(&binary).await {
                 Ok(()) => return Ok(server),
                 Err(e) => last_error = Some(e),
@@ -100,8 +126,15 @@ impl ClickHouse {
     ) -> Result<ClickHouse> {
         let binary = server_binary().context("clickhouse-server is not installed")?;
         let dir = tempfile::Builder::new().prefix("opgraph-clickhouse-").tempdir()?;
-        let mut server =
-            ClickHouse { child: None, dir, http_port, tcp_port, extra_config, profile: "" };
+        let mut server = ClickHouse {
+            child: None,
+            dir,
+            http_port,
+            tcp_port,
+            https_port: 0,
+            extra_config,
+            profile: "",
+        };
         server.launch(&binary).await?;
         Ok(server)
     }
@@ -109,6 +142,36 @@ impl ClickHouse {
     /// The HTTP interface, e.g. `http://127.0.0.1:40123`.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    /// The HTTPS interface, e.g. `https://127.0.0.1:40124`; only after
+    /// [`Self::start_tls`].
+    pub fn https_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.https_port)
+    }
+
+    /// PEM of the CA that signed the HTTPS certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A CA and a server certificate for 127.0.0.1 signed by it: a client
+    /// that trusts `ca.pem` verifies the chain as it would in production.
+    fn write_certificates(&self) -> Result<()> {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key)?;
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate()?;
+        let server = CertificateParams::new(vec!["127.0.0.1".to_owned()])?
+            .signed_by(&server_key, &issuer)?;
+        let root = self.dir.path();
+        std::fs::write(root.join("ca.pem"), ca.pem())?;
+        std::fs::write(root.join("server.pem"), server.pem())?;
+        std::fs::write(root.join("server.key"), server_key.serialize_pem())?;
+        Ok(())
     }
 
     /// The native-protocol port, for `clickhouse-client --port`.
@@ -215,12 +278,35 @@ impl ClickHouse {
     <mark_cache_size>268435456</mark_cache_size>
     <uncompressed_cache_size>268435456</uncompressed_cache_size>
     <max_concurrent_queries>100</max_concurrent_queries>
-{extra}
+{tls}{extra}
 </yandex>
 "#,
             http = self.http_port,
             tcp = self.tcp_port,
+            tls = self.tls_config(),
             extra = self.extra_config,
+        )
+    }
+}
+
+impl ClickHouse {
+    /// The HTTPS listener and its certificate, when there is one.
+    fn tls_config(&self) -> String {
+        if self.https_port == 0 {
+            return String::new();
+        }
+        let root = self.dir.path().display();
+        format!(
+            r#"    <https_port>{port}</https_port>
+    <openSSL><server>
+        <certificateFile>{root}/server.pem</certificateFile>
+        <privateKeyFile>{root}/server.key</privateKeyFile>
+        <verificationMode>none</verificationMode>
+        <loadDefaultCAFile>false</loadDefaultCAFile>
+        <disableProtocols>sslv2,sslv3,tlsv1,tlsv1_1</disableProtocols>
+    </server></openSSL>
+"#,
+            port = self.https_port
         )
     }
 }

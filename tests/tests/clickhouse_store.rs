@@ -118,3 +118,37 @@ async fn clickhouse_down_is_503_with_retry_after_and_recovers_by_itself() {
     let (_, all) = get(&cloud, "/api/events?limit=100").await;
     assert_eq!(all["events"].as_array().unwrap().len(), 2, "the refused event was not stored");
 }
+
+/// ClickHouse behind TLS with a private CA: the cloud trusts that CA from
+/// `OPGRAPH_CLICKHOUSE_CA_FILE` and stores and lists over HTTPS; with the
+/// platform's roots instead, the store does not open and says that the
+/// certificate is why.
+#[tokio::test]
+async fn clickhouse_over_https_with_a_private_ca() {
+    use opgraph_cloud::store::clickhouse::{ClickHouseConfig, ClickHouseStore};
+
+    let server = ClickHouse::start_tls().await.expect("a private ClickHouse with HTTPS");
+    let cloud = Cloud::start(&[
+        ("OPGRAPH_STORE", "clickhouse".to_owned()),
+        ("OPGRAPH_CLICKHOUSE_URL", server.https_url()),
+        ("OPGRAPH_CLICKHOUSE_CA_FILE", server.ca_file().display().to_string()),
+        ("OPGRAPH_CLICKHOUSE_DATABASE", "opgraph_tls".to_owned()),
+    ])
+    .await
+    .expect("cloud on ClickHouse over HTTPS");
+    let event = json!({"event": "pallet.scanned", "traceId": "tr-tls"});
+    assert_eq!(ingest(&cloud, &event).await.status(), StatusCode::ACCEPTED);
+    let (status, list) = get(&cloud, "/api/events?traceId=tr-tls").await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(list["events"].as_array().unwrap().len(), 1, "{list}");
+
+    let untrusted = ClickHouseConfig {
+        url: server.https_url(),
+        database: "opgraph_tls".into(),
+        cluster: None,
+        ca_file: None,
+    };
+    let err = ClickHouseStore::open(&untrusted).await.err().expect("an unverifiable server");
+    let err = err.to_string();
+    assert!(err.contains("store.clickhouse_url") && err.contains("certificate"), "{err}");
+}

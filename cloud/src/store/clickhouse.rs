@@ -32,6 +32,7 @@ mod trackables;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,6 +79,9 @@ pub struct ClickHouseConfig {
     pub url: String,
     pub database: String,
     pub cluster: Option<String>,
+    /// For an `https://` URL: trust only this PEM file's CAs instead of
+    /// the platform's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 pub struct ClickHouseStore {
@@ -153,29 +157,42 @@ pub fn plain_identifier(name: &str) -> bool {
         && name.len() <= 64
 }
 
-/// `url` if the store can reach ClickHouse at it, else why not. Only
-/// `http://`: the client is built without a TLS stack, so an `https://` URL
-/// would pass here and fail at the first request.
+/// `url` if the store can reach ClickHouse at it, else why not: `http://`,
+/// or `https://` for a server behind TLS.
 pub fn parse_url(url: &str) -> std::result::Result<url::Url, String> {
-    let parsed = url::Url::parse(url).map_err(|e| format!("{e}: {url:?}"))?;
-    if parsed.scheme() != "http" {
-        return Err("must be an http:// URL: TLS to ClickHouse is not supported; reach it over \
-             a private network or through a local TLS tunnel (stunnel in client mode)"
-            .to_owned());
+    let parsed = url::Url::parse(url)
+        .map_err(|e| format!("{e} in {url:?}: expected an http:// or https:// URL"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
+        return Err(format!("must be an http:// or https:// URL with a host, got {url:?}"));
     }
     Ok(parsed)
 }
 
 /// The client for `url`, with credentials moved from the URL into headers
-/// (public for the insert benchmark's raw baseline).
-pub fn client_for(url: &str) -> Result<Client> {
+/// (public for the insert benchmark's raw baseline). For `https://`, the
+/// server's certificate must chain to `ca_file`'s CAs, or to the
+/// platform's roots without one. Reads those files: blocking.
+pub fn client_for(url: &str, ca_file: Option<&Path>) -> Result<Client> {
     let mut parsed =
         parse_url(url).map_err(|problem| Error::validation("store.clickhouse_url", problem))?;
     let user = parsed.username().to_owned();
     let password = parsed.password().map(str::to_owned);
     let _ = parsed.set_username("");
     let _ = parsed.set_password(None);
-    let mut client = nodelay_client()
+    let tls = match (parsed.scheme(), ca_file) {
+        ("https", ca_file) => Some(
+            crate::tls_client::client_config("store.clickhouse_ca_file", ca_file)
+                .map_err(|problem| Error::validation("store.clickhouse_ca_file", problem))?,
+        ),
+        (_, Some(_)) => {
+            return Err(Error::validation(
+                "store.clickhouse_ca_file",
+                "only for an https:// store.clickhouse_url",
+            ));
+        }
+        (_, None) => None,
+    };
+    let mut client = http_client(tls)
         .with_url(parsed.as_str().trim_end_matches('/'))
         // 18.16 lacks RowBinaryWithNamesAndTypes, which validation needs.
         .with_validation(false);
@@ -188,22 +205,33 @@ pub fn client_for(url: &str) -> Result<Client> {
     Ok(client)
 }
 
-/// The crate's default HTTP client with `TCP_NODELAY`: without it each
-/// small insert (a session, a usage row) waits out the peer's delayed ACK
-/// (~40 ms on Linux) before its last chunk leaves, which capped a gateway
-/// at ~15 batches/s whatever their size.
-fn nodelay_client() -> Client {
+/// The crate's default HTTP client with `TCP_NODELAY`, over TLS when given
+/// a TLS config. Without `TCP_NODELAY` each small insert (a session, a
+/// usage row) waits out the peer's delayed ACK (~40 ms on Linux) before
+/// its last chunk leaves, which capped a gateway at ~15 batches/s whatever
+/// their size.
+fn http_client(tls: Option<rustls::ClientConfig>) -> Client {
     use hyper_util::client::legacy::{self, connect::HttpConnector};
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     // The crate's defaults: keep-alive probes, and idle connections closed
     // before the server's 3 s keep-alive timeout does it under a request.
     connector.set_keepalive(Some(Duration::from_secs(60)));
-    Client::with_http_client(
-        legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(2))
-            .build(connector),
-    )
+    let mut pool = legacy::Client::builder(hyper_util::rt::TokioExecutor::new());
+    pool.pool_idle_timeout(Duration::from_secs(2));
+    match tls {
+        None => Client::with_http_client(pool.build(connector)),
+        Some(tls) => {
+            // The connector refuses `http://` targets unless told otherwise.
+            connector.enforce_http(false);
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_only()
+                .enable_http1()
+                .wrap_connector(connector);
+            Client::with_http_client(pool.build(https))
+        }
+    }
 }
 
 /// Network failures and overload are worth a retry later; the rest is a bug
@@ -289,6 +317,47 @@ where
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// The first call of a start (`SELECT 1`, tried like [`retried`]). Its
+/// failure names the cause (connection refused, a certificate that does not
+/// verify, a wrong password), which the store's "unavailable" would hide
+/// from whoever reads why the cloud did not start.
+async fn first_contact(client: &Client, url: &str) -> Result<()> {
+    let mut attempts = 0;
+    loop {
+        let answer =
+            tokio::time::timeout(QUERY_TIMEOUT, client.query("SELECT 1").fetch_one::<u8>());
+        let why = match answer.await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => causes(&e),
+            Err(_) => format!("no answer within {QUERY_TIMEOUT:?}"),
+        };
+        attempts += 1;
+        if attempts == 3 {
+            let at = crate::proof_push::destination(url);
+            return Err(Error::validation(
+                "store.clickhouse_url",
+                format!("store.clickhouse_url: cannot reach ClickHouse at {at}: {why}"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// `e: its source: its source's source ...`, without repeats (wrappers
+/// often print their source as part of their own message).
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        next = cause.source();
+    }
+    text
 }
 
 /// Adds the [`ADDED_COLUMNS`] that tables made by an older version lack:
@@ -446,7 +515,11 @@ impl ClickHouseStore {
                 "letters, digits and '_' only, not starting with a digit",
             ));
         }
-        let mut server = client_for(&config.url)?;
+        let (url, ca_file) = (config.url.clone(), config.ca_file.clone());
+        let mut server = tokio::task::spawn_blocking(move || client_for(&url, ca_file.as_deref()))
+            .await
+            .map_err(Error::internal)??;
+        first_contact(&server, &config.url).await?;
         let cluster = match &config.cluster {
             Some(name) => Some(cluster::Cluster::read(&server, name, &config.database).await?),
             None => None,
@@ -826,8 +899,12 @@ mod tests {
     /// with the reason when clickhouse-server is not installed.
     pub(super) async fn open() -> (ClickHouseStore, ClickHouse) {
         let server = ClickHouse::start().await.expect("a private ClickHouse server");
-        let config =
-            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
+        let config = ClickHouseConfig {
+            url: server.url(),
+            database: "opgraph".into(),
+            cluster: None,
+            ca_file: None,
+        };
         let store = ClickHouseStore::open(&config).await.expect("open the ClickHouse store");
         (store, server)
     }
@@ -850,8 +927,12 @@ mod tests {
         let (store, server) = open().await;
         let request = AppendRequest { events: vec![event("evt_1")], idempotency_key: None };
         store.append_events("ws", request).await.unwrap();
-        let config =
-            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
+        let config = ClickHouseConfig {
+            url: server.url(),
+            database: "opgraph".into(),
+            cluster: None,
+            ca_file: None,
+        };
         let reopened = ClickHouseStore::open(&config).await.unwrap();
         let filter = EventFilter { limit: 10, ..Default::default() };
         assert_eq!(reopened.list_events("ws", &filter).await.unwrap().len(), 1);
@@ -1031,8 +1112,12 @@ mod tests {
         for _ in 0..2 {
             store.client.query(legacy).execute().await.unwrap();
         }
-        let config =
-            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
+        let config = ClickHouseConfig {
+            url: server.url(),
+            database: "opgraph".into(),
+            cluster: None,
+            ca_file: None,
+        };
         let reopened = ClickHouseStore::open(&config).await.unwrap();
         let edges =
             crate::store::queries::QueryStore::list_relationships(&reopened, "ws", None, 10);

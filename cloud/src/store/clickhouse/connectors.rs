@@ -634,6 +634,7 @@ pub(super) mod tests {
             url: cluster.entry().url(),
             database: "opgraph".into(),
             cluster: Some(CLUSTER.into()),
+            ca_file: None,
         };
         let store = ClickHouseStore::open(&config).await.expect("open the store on the cluster");
         let now = crate::now_ms();

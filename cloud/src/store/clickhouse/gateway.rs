@@ -506,8 +506,12 @@ mod tests {
     }
 
     async fn open(server: &ClickHouse) -> ClickHouseStore {
-        let config =
-            ClickHouseConfig { url: server.url(), database: "opgraph".into(), cluster: None };
+        let config = ClickHouseConfig {
+            url: server.url(),
+            database: "opgraph".into(),
+            cluster: None,
+            ca_file: None,
+        };
         ClickHouseStore::open(&config).await.unwrap()
     }
 
