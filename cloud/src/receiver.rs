@@ -157,28 +157,21 @@ impl Receiver {
                 return ack;
             }
         };
+        // A batch that overtook its predecessor (a window of them is in
+        // flight) waits for it here instead of being refused by the writer
+        // as a gap; the store still decides, this only saves the round trip.
+        self.wait_for_ack(principal, &batch.gateway_id, batch.first_sequence - 1).await;
         let range = (batch.first_sequence, batch.last_sequence);
-        let mut attempt = 0;
-        let outcome = loop {
-            attempt += 1;
-            let commit = self
-                .store
-                .commit_gateway_batch(
-                    &principal.workspace_id,
-                    &batch.gateway_id,
-                    batch.epoch,
-                    range,
-                    events.clone(),
-                )
-                .await;
-            match commit {
-                Ok(BatchCommit::Gap { acked_sequence }) if attempt == 1 => {
-                    self.wait_for_ack(principal, &batch.gateway_id, batch.first_sequence - 1).await;
-                    let _ = acked_sequence;
-                }
-                other => break other,
-            }
-        };
+        let outcome = self
+            .store
+            .commit_gateway_batch(
+                &principal.workspace_id,
+                &batch.gateway_id,
+                batch.epoch,
+                range,
+                events,
+            )
+            .await;
         match outcome {
             Ok(BatchCommit::Acked { acked_sequence, inserted }) => {
                 self.metrics.ingested(transport, inserted);
@@ -282,11 +275,18 @@ impl Receiver {
         });
     }
 
+    /// Waits (at most [`GAP_WAIT`]) until `gateway`'s ack reaches
+    /// `at_least`. Returns at once for a gateway this process has no ack
+    /// for (none since its start, or forgotten among too many): the store
+    /// knows better than a wait on a stale zero.
     async fn wait_for_ack(&self, principal: &Principal, gateway: &str, at_least: u64) {
         let receiver = {
-            let Ok(mut acks) = self.acks.lock() else { return };
+            let Ok(acks) = self.acks.lock() else { return };
             let key = (principal.workspace_id.clone(), gateway.to_owned());
-            acks.entry(key).or_insert_with(|| watch::channel(0).0).subscribe()
+            match acks.get(&key) {
+                Some(sender) => sender.subscribe(),
+                None => return,
+            }
         };
         let mut receiver = receiver;
         let _ = tokio::time::timeout(GAP_WAIT, receiver.wait_for(|acked| *acked >= at_least)).await;
