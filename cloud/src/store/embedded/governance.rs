@@ -123,6 +123,14 @@ fn query_receipts(
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
 }
 
+/// A trace's newest event that the governance layer did not write. The
+/// `(event LIKE 'governance.%') = 0` term is written exactly as the middle
+/// column of `events_trace_kind` (schema.sql): that is what lets SQLite
+/// seek past the trace's receipt events instead of stepping over them.
+const TRIGGER_OF_TRACE: &str = "SELECT id, trust_tier, envelope FROM events
+    WHERE workspace_id = ?1 AND trace_id = ?2 AND (event LIKE 'governance.%') = 0
+    ORDER BY ts DESC, seq DESC LIMIT 1";
+
 fn trigger_event(
     conn: &Connection,
     ws: &str,
@@ -138,11 +146,7 @@ fn trigger_event(
             })
             .map_err(sql)?,
         (None, Some(trace)) => conn
-            .prepare_cached(
-                "SELECT id, trust_tier, envelope FROM events
-                 WHERE workspace_id = ?1 AND trace_id = ?2 AND event NOT LIKE 'governance.%'
-                 ORDER BY ts DESC, seq DESC LIMIT 1",
-            )
+            .prepare_cached(TRIGGER_OF_TRACE)
             .and_then(|mut s| {
                 s.query_row(params![ws, trace], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                     .optional()
@@ -541,5 +545,78 @@ impl GovernanceStore for EmbeddedStore {
             Ok(out)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use rusqlite::params;
+
+    use super::TRIGGER_OF_TRACE;
+    use crate::store::NewEvent;
+    use crate::store::embedded::{append_in_transaction, open_writer_connection, prepare_events};
+
+    fn event(id: &str, name: &str, ts: i64) -> NewEvent {
+        let mut event = opgraph_proto::Event::named(name);
+        event.trace_id = Some("tr-1".to_owned());
+        event.timestamp = Some(ts);
+        NewEvent { id: id.to_owned(), received_at: ts, event }
+    }
+
+    #[test]
+    fn a_traces_trigger_is_sought_past_its_receipt_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer_connection(dir.path()).unwrap();
+        let t = 1_767_225_600_000_i64;
+        let events = vec![
+            event("evt_a", "refund.requested", t),
+            event("evt_b", "refund.checked", t + 1),
+            event("evt_g1", "governance.enforced", t + 2),
+            event("evt_g2", "governance.enforced", t + 3),
+        ];
+        append_in_transaction(&conn, "ws_1", prepare_events(events), None).unwrap();
+        let id: String =
+            conn.query_row(TRIGGER_OF_TRACE, params!["ws_1", "tr-1"], |r| r.get(0)).unwrap();
+        assert_eq!(id, "evt_b");
+
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {TRIGGER_OF_TRACE}"))
+            .unwrap()
+            .query_map(params!["ws_1", "tr-1"], |r| r.get(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            plan,
+            ["SEARCH events USING INDEX events_trace_kind \
+              (workspace_id=? AND trace_id=? AND <expr>=?)"],
+            "a seek on the index's governance column, no sort"
+        );
+    }
+
+    #[test]
+    fn the_two_old_trace_indexes_are_dropped_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer_connection(dir.path()).unwrap();
+        conn.execute_batch(
+            "CREATE INDEX events_trace ON events (workspace_id, trace_id, ts);
+             CREATE INDEX events_trace_trigger ON events (workspace_id, trace_id, ts)
+                WHERE event NOT LIKE 'governance.%';",
+        )
+        .unwrap();
+        drop(conn);
+        let conn = open_writer_connection(dir.path()).unwrap();
+        let names: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'events_trace%'",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(names, ["events_trace_kind"]);
     }
 }

@@ -67,8 +67,17 @@ CREATE INDEX IF NOT EXISTS events_ts ON events (workspace_id, ts);
 -- per-actor step times come from the index alone.
 CREATE INDEX IF NOT EXISTS events_event_ts ON events (workspace_id, event, ts, actor_id);
 CREATE INDEX IF NOT EXISTS events_business_ts ON events (workspace_id, business_id, ts);
-CREATE INDEX IF NOT EXISTS events_trace
-    ON events (workspace_id, trace_id, ts) WHERE trace_id IS NOT NULL;
+-- A trace's events, the governance layer's own apart: an enforcement call's
+-- triggering event is the trace's newest event with the middle column 0,
+-- found without stepping over the trace's receipt events. One index for
+-- both, since trace ids are random keys: each entry dirties a leaf page of
+-- its own at every commit (a second trace index cost 10 % of single-event
+-- ingest).
+CREATE INDEX IF NOT EXISTS events_trace_kind
+    ON events (workspace_id, trace_id, event LIKE 'governance.%', ts) WHERE trace_id IS NOT NULL;
+-- Replaced by events_trace_kind.
+DROP INDEX IF EXISTS events_trace;
+DROP INDEX IF EXISTS events_trace_trigger;
 CREATE INDEX IF NOT EXISTS events_trackable
     ON events (workspace_id, trackable_code, ts) WHERE trackable_code IS NOT NULL;
 
@@ -185,11 +194,6 @@ CREATE TABLE IF NOT EXISTS governance_decisions (
 CREATE INDEX IF NOT EXISTS governance_decisions_status
     ON governance_decisions (workspace_id, status, id);
 
--- The triggering event of an enforcement call: the newest event of a trace
--- that the governance layer did not write itself. Without this index the
--- lookup would step over every receipt event of the trace.
-CREATE INDEX IF NOT EXISTS events_trace_trigger
-    ON events (workspace_id, trace_id, ts) WHERE trace_id IS NOT NULL AND event NOT LIKE 'governance.%';
 
 CREATE TABLE IF NOT EXISTS governance_grants (
     workspace_id TEXT NOT NULL,
