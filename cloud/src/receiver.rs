@@ -86,12 +86,16 @@ pub struct Receiver {
     store: Arc<dyn Store>,
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
-    /// Per (workspace, gateway): the latest ack, for batches waiting on a
-    /// gap.
-    acks: Mutex<HashMap<(String, String), watch::Sender<u64>>>,
+    /// Per (workspace, gateway): the latest session epoch and its ack, for
+    /// batches waiting on a gap. A new session replaces the old one's ack,
+    /// which may be higher (a recreated buffer starts again at 0).
+    acks: Mutex<HashMap<(String, String), watch::Sender<SessionAck>>>,
 }
 
 const MAX_TRACKED_GATEWAYS: usize = 100_000;
+
+/// A gateway session's epoch and the highest sequence acked in it.
+type SessionAck = (u64, u64);
 
 impl Receiver {
     pub fn new(store: Arc<dyn Store>, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> Self {
@@ -125,7 +129,7 @@ impl Receiver {
             .store
             .open_gateway_session(&principal.workspace_id, &hello.gateway_id, &hello.buffer_id)
             .await?;
-        self.publish(principal, &hello.gateway_id, session.acked_sequence);
+        self.publish(principal, &hello.gateway_id, session.epoch, session.acked_sequence);
         tracing::info!(
             workspace = %principal.workspace_id,
             gateway = %hello.gateway_id,
@@ -160,7 +164,8 @@ impl Receiver {
         // A batch that overtook its predecessor (a window of them is in
         // flight) waits for it here instead of being refused by the writer
         // as a gap; the store still decides, this only saves the round trip.
-        self.wait_for_ack(principal, &batch.gateway_id, batch.first_sequence - 1).await;
+        let previous = batch.first_sequence - 1;
+        self.wait_for_ack(principal, &batch.gateway_id, batch.epoch, previous).await;
         let range = (batch.first_sequence, batch.last_sequence);
         let outcome = self
             .store
@@ -175,7 +180,7 @@ impl Receiver {
         match outcome {
             Ok(BatchCommit::Acked { acked_sequence, inserted }) => {
                 self.metrics.ingested(transport, inserted);
-                self.publish(principal, &batch.gateway_id, acked_sequence);
+                self.publish(principal, &batch.gateway_id, batch.epoch, acked_sequence);
                 ack.acked_sequence = acked_sequence;
                 if !skipped.is_empty() {
                     self.metrics
@@ -262,24 +267,31 @@ impl Receiver {
         Ok((valid, skipped))
     }
 
-    fn publish(&self, principal: &Principal, gateway: &str, acked: u64) {
+    /// Records `gateway`'s ack in session `epoch`. A later epoch replaces
+    /// whatever an earlier one recorded; a late answer of a fenced session
+    /// changes nothing.
+    fn publish(&self, principal: &Principal, gateway: &str, epoch: u64, acked: u64) {
         let Ok(mut acks) = self.acks.lock() else { return };
         if acks.len() >= MAX_TRACKED_GATEWAYS {
             acks.retain(|_, tx| tx.receiver_count() > 0);
         }
         let key = (principal.workspace_id.clone(), gateway.to_owned());
-        acks.entry(key).or_insert_with(|| watch::channel(0).0).send_if_modified(|current| {
-            let advanced = acked > *current;
-            *current = (*current).max(acked);
+        let sender = acks.entry(key).or_insert_with(|| watch::channel((0, 0)).0);
+        sender.send_if_modified(|current| {
+            let advanced = (epoch, acked) > *current;
+            if advanced {
+                *current = (epoch, acked);
+            }
             advanced
         });
     }
 
-    /// Waits (at most [`GAP_WAIT`]) until `gateway`'s ack reaches
-    /// `at_least`. Returns at once for a gateway this process has no ack
-    /// for (none since its start, or forgotten among too many): the store
-    /// knows better than a wait on a stale zero.
-    async fn wait_for_ack(&self, principal: &Principal, gateway: &str, at_least: u64) {
+    /// Waits (at most [`GAP_WAIT`]) until `gateway`'s ack in session
+    /// `epoch` reaches `at_least`. Returns at once when this process knows
+    /// no ack of that session (none since its start, forgotten among too
+    /// many gateways, or a newer session exists): the store judges better
+    /// than a wait on a stale value.
+    async fn wait_for_ack(&self, principal: &Principal, gateway: &str, epoch: u64, at_least: u64) {
         let receiver = {
             let Ok(acks) = self.acks.lock() else { return };
             let key = (principal.workspace_id.clone(), gateway.to_owned());
@@ -289,7 +301,8 @@ impl Receiver {
             }
         };
         let mut receiver = receiver;
-        let _ = tokio::time::timeout(GAP_WAIT, receiver.wait_for(|acked| *acked >= at_least)).await;
+        let ready = |&(e, acked): &SessionAck| e != epoch || acked >= at_least;
+        let _ = tokio::time::timeout(GAP_WAIT, receiver.wait_for(ready)).await;
     }
 }
 

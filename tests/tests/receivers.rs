@@ -180,6 +180,45 @@ async fn grpc_commits_exactly_once_under_redelivery_overlap_and_gaps() {
     assert_eq!(resumed.acked_sequence, 2);
 }
 
+/// A recreated buffer starts its sequences again at 1, below the old
+/// session's ack. Batches of the new session that overtake each other
+/// (here, each on a stream of its own, sent in reverse) must still wait for
+/// their predecessors instead of being refused because of the old ack.
+#[tokio::test]
+async fn grpc_a_recreated_buffer_keeps_its_window_of_batches() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let mut client = grpc(&cloud).await;
+    let first = hello_with_buffer(&mut client, &cloud.key, "gw-r", "buf_one").await;
+    let sent = send_all(
+        &mut client,
+        &cloud.key,
+        vec![batch("gw-r", first.epoch, (1, 10), &Vec::from_iter(1..=10))],
+    )
+    .await;
+    assert_eq!((sent[0].status, sent[0].acked_sequence), (OK, 10));
+
+    let fresh = hello_with_buffer(&mut client, &cloud.key, "gw-r", "buf_two").await;
+    assert_eq!(fresh.acked_sequence, 0);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in (0..5u64).rev() {
+        let range = (i * 2 + 1, i * 2 + 2);
+        let mut b = batch("gw-r", fresh.epoch, range, &[range.0, range.1]);
+        for e in &mut b.events {
+            e.id = format!("evt_test{:020}", e.sequence + 500);
+        }
+        let (mut client, key) = (client.clone(), cloud.key.clone());
+        tasks.spawn(async move { send_all(&mut client, &key, vec![b]).await.remove(0) });
+    }
+    let mut top = 0;
+    while let Some(ack) = tasks.join_next().await {
+        let ack = ack.unwrap();
+        assert_eq!(ack.status, OK, "{ack:?}");
+        top = top.max(ack.acked_sequence);
+    }
+    assert_eq!(top, 10);
+    assert_eq!(stored_ids(&cloud).await, ids((1..=10).chain(501..=510)));
+}
+
 #[tokio::test]
 async fn grpc_refuses_bad_credentials_and_bad_batches() {
     let cloud = Cloud::start(&[]).await.unwrap();
