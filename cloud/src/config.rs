@@ -77,10 +77,10 @@ pub struct StoreConfig {
     /// CLUSTER` and Distributed tables over them (docs/storage.md). Unset
     /// (default): one server. Env `OPGRAPH_CLICKHOUSE_CLUSTER`.
     pub clickhouse_cluster: Option<String>,
-    /// How long the embedded writer gathers concurrent writes into one
-    /// transaction (one fsync). Longer raises throughput under load and
-    /// latency when idle. Default `0ms`: commit as soon as the queue is
-    /// drained, which still groups whatever arrived during the last commit.
+    /// How long the embedded writer waits to gather concurrent writes into
+    /// one transaction (one fsync). Default `0ms`: commit as soon as the
+    /// queue is drained, which already groups whatever arrived during the
+    /// last commit; a window measured slower under load (docs/storage.md).
     #[serde(with = "humantime_serde")]
     pub group_commit_window: Duration,
     /// Page cache of the embedded store's writer. Each event updates
