@@ -124,6 +124,18 @@ fn ids(seqs: impl IntoIterator<Item = u64>) -> Vec<String> {
     ids
 }
 
+/// Waits for acks sent concurrently, checks that each is OK and returns
+/// the highest sequence they acknowledge.
+async fn highest_of_all_ok(mut tasks: tokio::task::JoinSet<pb::Ack>) -> u64 {
+    let mut top = 0;
+    while let Some(ack) = tasks.join_next().await {
+        let ack = ack.unwrap();
+        assert_eq!(ack.status, OK, "{ack:?}");
+        top = top.max(ack.acked_sequence);
+    }
+    top
+}
+
 const OK: i32 = pb::AckStatus::Ok as i32;
 const REJECTED: i32 = pb::AckStatus::Rejected as i32;
 
@@ -209,13 +221,7 @@ async fn grpc_a_recreated_buffer_keeps_its_window_of_batches() {
         let (mut client, key) = (client.clone(), cloud.key.clone());
         tasks.spawn(async move { send_all(&mut client, &key, vec![b]).await.remove(0) });
     }
-    let mut top = 0;
-    while let Some(ack) = tasks.join_next().await {
-        let ack = ack.unwrap();
-        assert_eq!(ack.status, OK, "{ack:?}");
-        top = top.max(ack.acked_sequence);
-    }
-    assert_eq!(top, 10);
+    assert_eq!(highest_of_all_ok(tasks).await, 10);
     assert_eq!(stored_ids(&cloud).await, ids((1..=10).chain(501..=510)));
 }
 
@@ -371,13 +377,7 @@ async fn quic_commits_batches_on_parallel_streams_and_refuses_bad_frames() {
             async move { quic_send(&connection, &frame::encode_batch(&b, 1).unwrap()).await },
         );
     }
-    let mut top = 0;
-    while let Some(ack) = tasks.join_next().await {
-        let ack = ack.unwrap();
-        assert_eq!(ack.status, OK, "{ack:?}");
-        top = top.max(ack.acked_sequence);
-    }
-    assert_eq!(top, 100);
+    assert_eq!(highest_of_all_ok(tasks).await, 100);
     assert_eq!(stored_ids(&cloud).await, ids(1..=100));
 
     // Garbage, a bomb, an oversized declaration, a wrong frame kind.
