@@ -90,3 +90,20 @@ async fn corruption_in_an_early_segment_is_found_only_when_read() {
     assert_eq!(records.len(), 2999);
     assert_eq!(buffer.stats().corrupt_skipped_total, 1);
 }
+
+/// One gateway per buffer directory: a second open while the first buffer
+/// lives is refused with a reason, and the directory is free again once
+/// the first is gone (dropped here; the kernel releases it on a crash).
+#[tokio::test]
+async fn a_buffer_directory_is_held_by_one_buffer_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), FsyncPolicy::Batch, 1 << 20, 64 << 20);
+    let first = open(&config).await;
+    let second = opgraph_gateway::buffer::LogBuffer::open(config.clone()).await;
+    let err = second.err().expect("a second buffer on the same directory").to_string();
+    assert!(err.contains("in use by another process"), "{err}");
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    drop(first);
+    let again = open(&config).await;
+    assert_eq!(again.stats().next_seq, 1);
+}

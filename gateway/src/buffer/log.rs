@@ -59,6 +59,9 @@ pub struct LogBuffer {
     /// Serialises acknowledgements (cursor writes and segment deletion).
     acks: tokio::sync::Mutex<()>,
     queue: Arc<Semaphore>,
+    /// Held, never read: dropped (and the directory unlocked) after
+    /// [`Drop`] has stopped the writer.
+    _dir_lock: Option<std::fs::File>,
 }
 
 impl LogBuffer {
@@ -94,6 +97,7 @@ impl LogBuffer {
             writer: Mutex::new(Some(handle)),
             acks: tokio::sync::Mutex::new(()),
             queue: Arc::new(Semaphore::new(QUEUE_BYTES as usize)),
+            _dir_lock: recovered.dir_lock,
         })
     }
 

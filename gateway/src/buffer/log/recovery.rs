@@ -8,7 +8,7 @@
 //! an unreadable tail is left behind and a new one started.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::path::Path;
 
@@ -22,6 +22,9 @@ use crate::error::{Error, Result};
 pub(super) struct Recovered {
     pub state: State,
     pub tail: Tail,
+    /// The directory, locked for this process ([`lock_dir`]); `None` where
+    /// the filesystem has no locks.
+    pub dir_lock: Option<File>,
 }
 
 /// What the scan of the tail segment found.
@@ -36,9 +39,36 @@ struct TailCheck {
     lost: Vec<(u64, u64)>,
 }
 
+/// Holds the buffer directory for this process. A second gateway on the
+/// same directory would interleave its records with ours and hand out the
+/// same sequence numbers. The lock is a `flock` on the directory itself:
+/// no file to create (a full disk cannot stop the start), released by the
+/// kernel when the process dies (a power cut or SIGKILL leaves nothing
+/// behind). Where the filesystem has no such locks, the buffer opens
+/// without one and says so.
+fn lock_dir(dir: &Path) -> Result<Option<File>> {
+    let handle = File::open(dir).map_err(|e| Error::io("open buffer directory", dir, e))?;
+    match handle.try_lock() {
+        Ok(()) => Ok(Some(handle)),
+        Err(TryLockError::WouldBlock) => Err(Error::io(
+            "lock buffer directory",
+            dir,
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "in use by another process (one gateway per buffer directory)",
+            ),
+        )),
+        Err(TryLockError::Error(e)) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "buffer directory cannot be locked: make sure no other gateway uses it");
+            Ok(None)
+        }
+    }
+}
+
 pub(super) fn recover(config: &BufferConfig) -> Result<Recovered> {
     let dir = config.dir.as_path();
     fs::create_dir_all(dir).map_err(|e| Error::io("create buffer directory", dir, e))?;
+    let dir_lock = lock_dir(dir)?;
     let mut state = State::default();
 
     let cursor = cursor::load(dir).unwrap_or_else(|reason| {
@@ -129,7 +159,7 @@ pub(super) fn recover(config: &BufferConfig) -> Result<Recovered> {
         corrupt_skipped = stats.corrupt_skipped_total,
         "buffer opened"
     );
-    Ok(Recovered { state, tail })
+    Ok(Recovered { state, tail, dir_lock })
 }
 
 /// Segment files by first sequence number, with their sizes. Leftover
