@@ -222,7 +222,8 @@ fn http_client(tls: Option<rustls::ClientConfig>) -> Client {
     match tls {
         None => Client::with_http_client(pool.build(connector)),
         Some(tls) => {
-            // The connector refuses `http://` targets unless told otherwise.
+            // The TCP connector refuses `https://` targets unless told
+            // otherwise; the TLS wrapper in front of it hands it those.
             connector.enforce_http(false);
             let https = hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config(tls)
