@@ -44,12 +44,16 @@ struct TailCheck {
 /// same sequence numbers. The lock is a `flock` on the directory itself:
 /// no file to create (a full disk cannot stop the start), released by the
 /// kernel when the process dies (a power cut or SIGKILL leaves nothing
-/// behind). Where the filesystem has no such locks, the buffer opens
-/// without one and says so.
+/// behind). Where the directory cannot be opened as a file (Windows) or
+/// the filesystem has no such locks, the buffer opens without one and says
+/// so.
 fn lock_dir(dir: &Path) -> Result<Option<File>> {
-    let handle = File::open(dir).map_err(|e| Error::io("open buffer directory", dir, e))?;
-    match handle.try_lock() {
-        Ok(()) => Ok(Some(handle)),
+    let locked = File::open(dir).map_err(TryLockError::Error).and_then(|handle| {
+        handle.try_lock()?;
+        Ok(handle)
+    });
+    match locked {
+        Ok(handle) => Ok(Some(handle)),
         Err(TryLockError::WouldBlock) => Err(Error::io(
             "lock buffer directory",
             dir,
