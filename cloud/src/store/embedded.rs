@@ -57,6 +57,8 @@ pub struct EmbeddedStore {
     path: PathBuf,
     writer: Mutex<Option<mpsc::SyncSender<Command>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    /// Held, never read: the data directory is this process's ([`lock_dir`]).
+    _dir_lock: Option<std::fs::File>,
 }
 
 /// How the embedded store runs; see `StoreConfig` for what each costs.
@@ -80,6 +82,9 @@ impl Default for EmbeddedOptions {
 impl EmbeddedStore {
     /// Opens (or creates) the store in `dir` and starts its writer thread.
     pub fn open(dir: &Path, options: EmbeddedOptions) -> Result<EmbeddedStore> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
+        let dir_lock = lock_dir(dir)?;
         let conn = open_writer(dir, options.writer_cache)?;
         let group_commit_window = options.group_commit_window;
         let path = dir.join(DB_FILE);
@@ -100,6 +105,7 @@ impl EmbeddedStore {
             path,
             writer: Mutex::new(Some(tx)),
             readers: Arc::new(Mutex::new(Vec::new())),
+            _dir_lock: dir_lock,
         })
     }
 
@@ -180,6 +186,34 @@ pub struct PreparedEvents(Vec<events::Row>);
 /// request to its writer thread.
 pub fn prepare_events(events: Vec<NewEvent>) -> PreparedEvents {
     PreparedEvents(events::prepare_rows(events))
+}
+
+/// Holds the data directory for this process. SQLite would keep two
+/// clouds on one directory consistent, but each assumes it is the only
+/// writer (its group commit, its gateways' acks, the certificate and key
+/// files it creates on first start). A `flock` on the directory itself: no
+/// file to create, and the kernel releases it when the process dies. Where
+/// the directory cannot be locked, the store opens and says so.
+fn lock_dir(dir: &Path) -> Result<Option<std::fs::File>> {
+    use std::fs::TryLockError;
+    let locked = std::fs::File::open(dir).map_err(TryLockError::Error).and_then(|handle| {
+        handle.try_lock()?;
+        Ok(handle)
+    });
+    match locked {
+        Ok(handle) => Ok(Some(handle)),
+        Err(TryLockError::WouldBlock) => Err(Error::validation(
+            "store.data_dir",
+            format!(
+                "store.data_dir {}: in use by another process (one cloud per data directory)",
+                dir.display()
+            ),
+        )),
+        Err(TryLockError::Error(e)) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "data directory cannot be locked: make sure no other cloud uses it");
+            Ok(None)
+        }
+    }
 }
 
 /// Opens a writer connection on the store in `dir` as the store's writer
@@ -780,6 +814,20 @@ mod writer_settings {
             .expect("automerge is configured");
         assert_eq!(automerge, super::FTS_AUTOMERGE);
         assert_eq!(automerge, 16);
+    }
+
+    #[test]
+    fn a_data_directory_is_held_by_one_store_at_a_time() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let first = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let second = EmbeddedStore::open(dir.path(), EmbeddedOptions::default());
+        let err = second.err().expect("a second store on the same directory").to_string();
+        assert!(
+            err.contains("store.data_dir") && err.contains("in use by another process"),
+            "{err}"
+        );
+        drop(first);
+        EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("free again");
     }
 
     #[tokio::test]
