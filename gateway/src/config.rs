@@ -189,7 +189,7 @@ mod tests {
         let config = Config::parse(MINIMAL).unwrap();
         config.validate().unwrap();
         assert_eq!(config.uplink.transport, Transport::Grpc);
-        assert_eq!(config.uplink.batch_max_events, 1000);
+        assert_eq!(config.uplink.batch_max_events, 5000);
         assert_eq!(config.uplink.congestion, crate::uplink::Congestion::LossTolerant);
         assert_eq!(config.shutdown_flush, Duration::from_secs(5));
         assert_eq!(config.http.addr.port(), 9100);
