@@ -26,6 +26,7 @@
 //! to [`ids::new_id_at`].
 
 pub mod convert;
+pub mod dir_lock;
 pub mod envelope;
 pub mod error;
 pub mod event;

@@ -188,28 +188,23 @@ pub fn prepare_events(events: Vec<NewEvent>) -> PreparedEvents {
     PreparedEvents(events::prepare_rows(events))
 }
 
-/// Holds the data directory for this process. SQLite would keep two
-/// clouds on one directory consistent, but each assumes it is the only
-/// writer (its group commit, its gateways' acks, the certificate and key
-/// files it creates on first start). A `flock` on the directory itself: no
-/// file to create, and the kernel releases it when the process dies. Where
-/// the directory cannot be locked, the store opens and says so.
+/// Holds the data directory for this process ([`opgraph_proto::dir_lock`]).
+/// SQLite would keep two clouds on one directory consistent, but each
+/// assumes it is the only writer (its group commit, its gateways' acks, the
+/// certificate and key files it creates on first start). Where the
+/// directory cannot be locked, the store opens and says so.
 fn lock_dir(dir: &Path) -> Result<Option<std::fs::File>> {
-    use std::fs::TryLockError;
-    let locked = std::fs::File::open(dir).map_err(TryLockError::Error).and_then(|handle| {
-        handle.try_lock()?;
-        Ok(handle)
-    });
-    match locked {
-        Ok(handle) => Ok(Some(handle)),
-        Err(TryLockError::WouldBlock) => Err(Error::validation(
+    use opgraph_proto::dir_lock::{DirLock, try_lock_dir};
+    match try_lock_dir(dir) {
+        DirLock::Held(handle) => Ok(Some(handle)),
+        DirLock::InUse => Err(Error::validation(
             "store.data_dir",
             format!(
                 "store.data_dir {}: in use by another process (one cloud per data directory)",
                 dir.display()
             ),
         )),
-        Err(TryLockError::Error(e)) => {
+        DirLock::Unsupported(e) => {
             tracing::warn!(dir = %dir.display(), error = %e, "data directory cannot be locked: make sure no other cloud uses it");
             Ok(None)
         }

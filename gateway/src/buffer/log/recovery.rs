@@ -8,9 +8,11 @@
 //! an unreadable tail is left behind and a new one started.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions, TryLockError};
+use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::Path;
+
+use opgraph_proto::dir_lock::{DirLock, try_lock_dir};
 
 use super::State;
 use super::writer::{self, Tail};
@@ -39,22 +41,14 @@ struct TailCheck {
     lost: Vec<(u64, u64)>,
 }
 
-/// Holds the buffer directory for this process. A second gateway on the
+/// Holds the buffer directory for this process: a second gateway on the
 /// same directory would interleave its records with ours and hand out the
-/// same sequence numbers. The lock is a `flock` on the directory itself:
-/// no file to create (a full disk cannot stop the start), released by the
-/// kernel when the process dies (a power cut or SIGKILL leaves nothing
-/// behind). Where the directory cannot be opened as a file (Windows) or
-/// the filesystem has no such locks, the buffer opens without one and says
-/// so.
+/// same sequence numbers ([`opgraph_proto::dir_lock`]). Where the
+/// directory cannot be locked, the buffer opens without a lock and says so.
 fn lock_dir(dir: &Path) -> Result<Option<File>> {
-    let locked = File::open(dir).map_err(TryLockError::Error).and_then(|handle| {
-        handle.try_lock()?;
-        Ok(handle)
-    });
-    match locked {
-        Ok(handle) => Ok(Some(handle)),
-        Err(TryLockError::WouldBlock) => Err(Error::io(
+    match try_lock_dir(dir) {
+        DirLock::Held(handle) => Ok(Some(handle)),
+        DirLock::InUse => Err(Error::io(
             "lock buffer directory",
             dir,
             io::Error::new(
@@ -62,7 +56,7 @@ fn lock_dir(dir: &Path) -> Result<Option<File>> {
                 "in use by another process (one gateway per buffer directory)",
             ),
         )),
-        Err(TryLockError::Error(e)) => {
+        DirLock::Unsupported(e) => {
             tracing::warn!(dir = %dir.display(), error = %e, "buffer directory cannot be locked: make sure no other gateway uses it");
             Ok(None)
         }
