@@ -302,48 +302,53 @@ async fn run<T>(call: impl Future<Output = clickhouse::error::Result<T>>) -> Res
     }
 }
 
-/// [`run`] for the idempotent calls made at start, tried up to three
-/// times, so that a connection dropped once (a node restarting beside the
-/// cloud) does not stop the start.
-async fn retried<T, F, C>(call: C) -> Result<T>
+/// Calls made at start, tried up to three times 500 ms apart while
+/// `worth_retrying` says so, so that a connection dropped once (a node
+/// restarting beside the cloud) does not stop the start.
+async fn tried_at_start<T, E, F, C>(call: C, worth_retrying: impl Fn(&E) -> bool) -> Result<T, E>
 where
     C: Fn() -> F,
-    F: Future<Output = clickhouse::error::Result<T>>,
+    F: Future<Output = Result<T, E>>,
 {
     let mut attempts = 0;
     loop {
-        match run(call()).await {
-            Err(Error::Unavailable { .. }) if attempts < 2 => attempts += 1,
+        match call().await {
+            Err(e) if attempts < 2 && worth_retrying(&e) => attempts += 1,
             result => return result,
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
-/// The first call of a start (`SELECT 1`, tried like [`retried`]). Its
-/// failure names the cause (connection refused, a certificate that does not
+/// [`run`] for the idempotent calls made at start ([`tried_at_start`]).
+async fn retried<T, F, C>(call: C) -> Result<T>
+where
+    C: Fn() -> F,
+    F: Future<Output = clickhouse::error::Result<T>>,
+{
+    tried_at_start(|| run(call()), |e| matches!(e, Error::Unavailable { .. })).await
+}
+
+/// The first call of a start (`SELECT 1`, [`tried_at_start`]). Its failure
+/// names the cause (connection refused, a certificate that does not
 /// verify, a wrong password), which the store's "unavailable" would hide
 /// from whoever reads why the cloud did not start.
 async fn first_contact(client: &Client, url: &str) -> Result<()> {
-    let mut attempts = 0;
-    loop {
-        let answer =
-            tokio::time::timeout(QUERY_TIMEOUT, client.query("SELECT 1").fetch_one::<u8>());
-        let why = match answer.await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => causes(&e),
-            Err(_) => format!("no answer within {QUERY_TIMEOUT:?}"),
-        };
-        attempts += 1;
-        if attempts == 3 {
-            let at = crate::proof_push::destination(url);
-            return Err(Error::validation(
-                "store.clickhouse_url",
-                format!("store.clickhouse_url: cannot reach ClickHouse at {at}: {why}"),
-            ));
+    let ping = || async {
+        match tokio::time::timeout(QUERY_TIMEOUT, client.query("SELECT 1").fetch_one::<u8>()).await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(causes(&e)),
+            Err(_) => Err(format!("no answer within {QUERY_TIMEOUT:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    };
+    tried_at_start(ping, |_| true).await.map_err(|why| {
+        let at = crate::proof_push::destination(url);
+        Error::validation(
+            "store.clickhouse_url",
+            format!("store.clickhouse_url: cannot reach ClickHouse at {at}: {why}"),
+        )
+    })
 }
 
 /// `e: its source: its source's source ...`, without repeats (wrappers
