@@ -57,7 +57,7 @@ pub struct EmbeddedStore {
     path: PathBuf,
     writer: Mutex<Option<mpsc::SyncSender<Command>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
-    /// Held, never read: the data directory is this process's ([`lock_dir`]).
+    /// Held, never read: the data directory is this process's ([`create_and_lock_dir`]).
     _dir_lock: Option<std::fs::File>,
 }
 
@@ -82,9 +82,7 @@ impl Default for EmbeddedOptions {
 impl EmbeddedStore {
     /// Opens (or creates) the store in `dir` and starts its writer thread.
     pub fn open(dir: &Path, options: EmbeddedOptions) -> Result<EmbeddedStore> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
-        let dir_lock = lock_dir(dir)?;
+        let dir_lock = create_and_lock_dir(dir)?;
         let conn = open_writer(dir, options.writer_cache)?;
         let group_commit_window = options.group_commit_window;
         let path = dir.join(DB_FILE);
@@ -193,8 +191,10 @@ pub fn prepare_events(events: Vec<NewEvent>) -> PreparedEvents {
 /// assumes it is the only writer (its group commit, its gateways' acks, the
 /// certificate and key files it creates on first start). Where the
 /// directory cannot be locked, the store opens and says so.
-fn lock_dir(dir: &Path) -> Result<Option<std::fs::File>> {
+fn create_and_lock_dir(dir: &Path) -> Result<Option<std::fs::File>> {
     use opgraph_proto::dir_lock::{DirLock, try_lock_dir};
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
     match try_lock_dir(dir) {
         DirLock::Held(handle) => Ok(Some(handle)),
         DirLock::InUse => Err(Error::validation(
@@ -211,20 +211,37 @@ fn lock_dir(dir: &Path) -> Result<Option<std::fs::File>> {
     }
 }
 
+/// A writer connection opened by [`open_writer_connection`]; it holds the
+/// data directory's lock for as long as it lives.
+pub struct WriterConnection {
+    conn: Connection,
+    _dir_lock: Option<std::fs::File>,
+}
+
+impl std::ops::Deref for WriterConnection {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
 /// Opens a writer connection on the store in `dir` as the store's writer
 /// thread does (WAL, `synchronous = FULL`, schema applied), without the
 /// thread, and with SQLite's automatic checkpoints, which the store moves to
-/// its checkpointer thread. For tools and the ingest benchmark's raw-engine baseline;
-/// never open it beside a running [`EmbeddedStore`] on the same directory.
-/// Its page cache is [`DEFAULT_WRITER_CACHE`], as the store's by default.
-pub fn open_writer_connection(dir: &Path) -> Result<Connection> {
-    open_writer(dir, DEFAULT_WRITER_CACHE)
+/// its checkpointer thread. For tools and the ingest benchmark's raw-engine
+/// baseline. It takes the directory's lock as a store does, so it is refused
+/// beside a running cloud (whose writer it would fight) and a cloud is
+/// refused beside it. Its page cache is [`DEFAULT_WRITER_CACHE`], as the
+/// store's by default.
+pub fn open_writer_connection(dir: &Path) -> Result<WriterConnection> {
+    let dir_lock = create_and_lock_dir(dir)?;
+    Ok(WriterConnection { conn: open_writer(dir, DEFAULT_WRITER_CACHE)?, _dir_lock: dir_lock })
 }
 
-/// [`open_writer_connection`] with a page cache of `cache` bytes.
+/// [`open_writer_connection`] with a page cache of `cache` bytes, for a
+/// directory the caller has created and locked.
 fn open_writer(dir: &Path, cache: u64) -> Result<Connection> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::internal(format!("create {}: {e}", dir.display())))?;
     let path = dir.join(DB_FILE);
     let conn = Connection::open(&path)
         .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;
@@ -821,7 +838,14 @@ mod writer_settings {
             err.contains("store.data_dir") && err.contains("in use by another process"),
             "{err}"
         );
+        // Tools that write through their own connection take the same lock.
+        let tool = super::open_writer_connection(dir.path()).err().expect("refused").to_string();
+        assert!(tool.contains("in use by another process"), "{tool}");
         drop(first);
+        let tool = super::open_writer_connection(dir.path()).expect("free again");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default());
+        assert!(store.is_err(), "a store opened beside a tool's writer connection");
+        drop(tool);
         EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("free again");
     }
 

@@ -18,7 +18,6 @@ use opgraph_cloud::store::NewEvent;
 use opgraph_cloud::store::embedded::{
     append_in_transaction, open_writer_connection, prepare_events,
 };
-use opgraph_proto::dir_lock::{DirLock, try_lock_dir};
 use opgraph_simulators::history::{HistoryConfig, event, query_cases};
 
 #[derive(Parser)]
@@ -80,14 +79,7 @@ fn generate(
     batch: u64,
     workspace: &str,
 ) -> Result<()> {
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    // Writing beside a running cloud would fight its writer: the cloud holds
-    // this lock while it runs, and so does this tool.
-    let _lock = match try_lock_dir(&dir) {
-        DirLock::Held(handle) => Some(handle),
-        DirLock::InUse => bail!("{} is in use by a running cloud: stop it first", dir.display()),
-        DirLock::Unsupported(_) => None,
-    };
+    // Refused while a cloud runs on `dir` (the connection takes its lock).
     let conn = open_writer_connection(&dir).map_err(|e| anyhow::anyhow!("{e}"))?;
     let cfg = HistoryConfig {
         events,
