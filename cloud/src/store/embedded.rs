@@ -21,6 +21,7 @@ mod queries;
 mod trackables;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -57,6 +58,10 @@ pub struct EmbeddedStore {
     path: PathBuf,
     writer: Mutex<Option<mpsc::SyncSender<Command>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    /// Whether search entries may be queued, not yet indexed; the writer
+    /// clears it only after a commit that left none. True is always safe
+    /// (a search then asks the writer to index the queue first).
+    search_queued: Arc<AtomicBool>,
     /// Held, never read: the data directory is this process's ([`create_and_lock_dir`]).
     _dir_lock: Option<std::fs::File>,
 }
@@ -95,14 +100,23 @@ impl EmbeddedStore {
             .spawn(move || checkpointer(checkpoints, nudges))
             .map_err(Error::internal)?;
         let (tx, rx) = mpsc::sync_channel::<Command>(4096);
+        // A previous run may have left entries queued.
+        let search_queued = Arc::new(AtomicBool::new(true));
+        let writer = Writer {
+            conn,
+            window: group_commit_window,
+            checkpoint: nudge,
+            search_queued: Arc::clone(&search_queued),
+        };
         std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer_loop(conn, rx, group_commit_window, nudge))
+            .spawn(move || writer.run(rx))
             .map_err(Error::internal)?;
         Ok(EmbeddedStore {
             path,
             writer: Mutex::new(Some(tx)),
             readers: Arc::new(Mutex::new(Vec::new())),
+            search_queued,
             _dir_lock: dir_lock,
         })
     }
@@ -148,6 +162,15 @@ impl EmbeddedStore {
             }
         }
         rx.await.map_err(|_| Error::internal("store writer stopped"))?
+    }
+
+    /// Indexes the queued search entries, if there may be any, so that a
+    /// search that starts now finds every event acknowledged before it.
+    async fn index_queued_search(&self) -> Result<()> {
+        if self.search_queued.load(Ordering::SeqCst) {
+            self.write(|conn| events::flush_search(conn).map_err(sql)).await?;
+        }
+        Ok(())
     }
 
     /// Runs `f` on a pooled read connection on a blocking thread.
@@ -265,7 +288,7 @@ pub fn append_in_transaction(
 ) -> Result<AppendResult> {
     conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
     let appended = events::append(conn, workspace_id, rows.0, idempotency_key)
-        .and_then(|result| events::flush_pending(conn).map(|()| result).map_err(sql));
+        .and_then(|result| events::flush_pending(conn, true).map(|_| result).map_err(sql));
     match appended {
         Ok(result) => {
             if let Err(e) = conn.execute_batch("COMMIT") {
@@ -447,49 +470,122 @@ fn backfill_rollups(conn: &Connection) -> rusqlite::Result<()> {
 /// How often the writer refreshes the planner's statistics between groups.
 const OPTIMIZE_EVERY: Duration = Duration::from_secs(3600);
 
-fn writer_loop(
+/// How long the writer waits for more writes before it indexes queued
+/// search entries on its own ([`events::SEARCH_BATCH`]).
+const SEARCH_IDLE: Duration = Duration::from_millis(200);
+
+/// The writer thread's connection and what it tells the rest of the store.
+struct Writer {
     conn: Connection,
-    rx: mpsc::Receiver<Command>,
+    /// Extra wait to gather concurrent writes into one transaction.
     window: Duration,
+    /// Nudges the checkpointer after each commit.
     checkpoint: mpsc::SyncSender<()>,
-) {
-    let mut optimized = std::time::Instant::now();
-    while let Ok(first) = rx.recv() {
-        let mut jobs = Vec::new();
-        let mut closing = None;
-        match first {
-            Command::Write(job) => jobs.push(job),
-            Command::Close(done) => closing = Some(done),
-        }
-        if closing.is_none() && !window.is_zero() {
-            std::thread::sleep(window);
-        }
-        while closing.is_none() && jobs.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(Command::Write(job)) => jobs.push(job),
-                Ok(Command::Close(done)) => closing = Some(done),
-                Err(_) => break,
+    search_queued: Arc<AtomicBool>,
+}
+
+impl Writer {
+    fn run(self, rx: mpsc::Receiver<Command>) {
+        let mut optimized = std::time::Instant::now();
+        loop {
+            let first = if self.search_queued.load(Ordering::SeqCst) {
+                match rx.recv_timeout(SEARCH_IDLE) {
+                    Ok(command) => command,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        self.group(Vec::new(), true);
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(command) => command,
+                    Err(_) => return,
+                }
+            };
+            let mut jobs = Vec::new();
+            let mut closing = None;
+            match first {
+                Command::Write(job) => jobs.push(job),
+                Command::Close(done) => closing = Some(done),
+            }
+            if closing.is_none() && !self.window.is_zero() {
+                std::thread::sleep(self.window);
+            }
+            while closing.is_none() && jobs.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(Command::Write(job)) => jobs.push(job),
+                    Ok(Command::Close(done)) => closing = Some(done),
+                    Err(_) => break,
+                }
+            }
+            // Closing: index the queue too, so that a store closed cleanly
+            // leaves none.
+            if !jobs.is_empty() || closing.is_some() {
+                self.group(jobs, closing.is_some());
+            }
+            if optimized.elapsed() >= OPTIMIZE_EVERY {
+                // Sampled (SQLite bounds the rows it reads), so milliseconds
+                // of writer time per hour.
+                if let Err(e) = self.conn.execute_batch("PRAGMA optimize = 0x10002") {
+                    tracing::warn!(error = %e, "optimize failed");
+                }
+                optimized = std::time::Instant::now();
+            }
+            if let Some(done) = closing {
+                if let Err(e) = self.conn.pragma_update(None, "wal_checkpoint", "TRUNCATE") {
+                    tracing::warn!(error = %e, "checkpoint on close failed");
+                }
+                let _ = done.send(());
+                return;
             }
         }
-        if !jobs.is_empty() {
-            run_group(&conn, jobs);
-            // Full means a nudge is already pending.
-            let _ = checkpoint.try_send(());
-        }
-        if optimized.elapsed() >= OPTIMIZE_EVERY {
-            // Sampled (SQLite bounds the rows it reads), so milliseconds of
-            // writer time per hour.
-            if let Err(e) = conn.execute_batch("PRAGMA optimize = 0x10002") {
-                tracing::warn!(error = %e, "optimize failed");
+    }
+
+    /// One transaction for the whole group, one savepoint per job; the
+    /// actor bounds the jobs queued are written once, at the end, and so
+    /// are their search entries once enough are queued (or with
+    /// `all_search`): [`events::flush_pending`].
+    fn group(&self, jobs: Vec<Job>, all_search: bool) {
+        let conn = &self.conn;
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            tracing::error!(error = %e, "store transaction could not begin");
+            for job in jobs {
+                let (_, reply) = job(None);
+                reply(Ok(()));
             }
-            optimized = std::time::Instant::now();
-        }
-        if let Some(done) = closing {
-            if let Err(e) = conn.pragma_update(None, "wal_checkpoint", "TRUNCATE") {
-                tracing::warn!(error = %e, "checkpoint on close failed");
-            }
-            let _ = done.send(());
             return;
+        }
+        let mut replies = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            if let Err(e) = run_cached(conn, "SAVEPOINT job") {
+                tracing::error!(error = %e, "savepoint failed");
+            }
+            let (ok, reply) = job(Some(conn));
+            let ended = if ok {
+                run_cached(conn, "RELEASE job")
+            } else {
+                run_cached(conn, "ROLLBACK TO job").and_then(|()| run_cached(conn, "RELEASE job"))
+            };
+            if let Err(e) = ended {
+                tracing::error!(error = %e, "savepoint end failed");
+            }
+            replies.push(reply);
+        }
+        let committed = events::flush_pending(conn, all_search)
+            .and_then(|queued| conn.execute_batch("COMMIT").map(|()| queued));
+        if let Err(e) = &committed {
+            tracing::error!(error = %e, "commit failed; the group is rolled back");
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        // Before the replies: a caller that searches after its answer must
+        // find the flag set while its entry is queued.
+        self.search_queued.store(*committed.as_ref().unwrap_or(&true), Ordering::SeqCst);
+        // Full means a nudge is already pending.
+        let _ = self.checkpoint.try_send(());
+        let committed = committed.map(drop);
+        for reply in replies {
+            reply(committed.as_ref().map_err(classify_ref).copied());
         }
     }
 }
@@ -498,44 +594,6 @@ fn writer_loop(
 /// savepoint statements run several times per transaction.
 fn run_cached(conn: &Connection, statement: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(statement)?.execute([]).map(drop)
-}
-
-/// One transaction for the whole group, one savepoint per job; the search
-/// entries and actor bounds the jobs queued are written once, at the end
-/// ([`events::flush_pending`]).
-fn run_group(conn: &Connection, jobs: Vec<Job>) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        tracing::error!(error = %e, "store transaction could not begin");
-        for job in jobs {
-            let (_, reply) = job(None);
-            reply(Ok(()));
-        }
-        return;
-    }
-    let mut replies = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        if let Err(e) = run_cached(conn, "SAVEPOINT job") {
-            tracing::error!(error = %e, "savepoint failed");
-        }
-        let (ok, reply) = job(Some(conn));
-        let ended = if ok {
-            run_cached(conn, "RELEASE job")
-        } else {
-            run_cached(conn, "ROLLBACK TO job").and_then(|()| run_cached(conn, "RELEASE job"))
-        };
-        if let Err(e) = ended {
-            tracing::error!(error = %e, "savepoint end failed");
-        }
-        replies.push(reply);
-    }
-    let committed = events::flush_pending(conn).and_then(|()| conn.execute_batch("COMMIT"));
-    if let Err(e) = &committed {
-        tracing::error!(error = %e, "commit failed; the group is rolled back");
-        let _ = conn.execute_batch("ROLLBACK");
-    }
-    for reply in replies {
-        reply(committed.as_ref().map_err(classify_ref).copied());
-    }
 }
 
 /// Disk full and I/O errors are worth a retry later; the rest is a bug.
@@ -795,6 +853,93 @@ mod conformance {
     }
 
     crate::store_conformance!(open);
+}
+
+#[cfg(test)]
+mod search_queue {
+    use super::{EmbeddedOptions, EmbeddedStore, Error, events};
+    use crate::store::queries::{QueryStore, SearchQuery};
+    use crate::store::{AppendRequest, NewEvent, Store};
+
+    fn event(name: &str) -> NewEvent {
+        NewEvent {
+            id: crate::ids::new_id("evt"),
+            received_at: crate::now_ms(),
+            event: opgraph_proto::Event::named(name),
+        }
+    }
+
+    fn query(text: &str) -> SearchQuery {
+        SearchQuery { text: text.into(), range: None, event: None, business_id: None, limit: 10 }
+    }
+
+    /// (entries in `events_fts` matching `text`, entries queued)
+    async fn indexed_and_queued(store: &EmbeddedStore, text: &'static str) -> (i64, i64) {
+        store
+            .read(move |conn| {
+                let count = |q: &str| {
+                    conn.query_row(q, [text], |r| r.get::<_, i64>(0)).map_err(Error::internal)
+                };
+                Ok((
+                    count("SELECT count(*) FROM events_fts WHERE body MATCH ?1")?,
+                    count("SELECT count(*) FROM search_queue WHERE ?1 IS NOT NULL")?,
+                ))
+            })
+            .await
+            .expect("read the index and the queue")
+    }
+
+    #[tokio::test]
+    async fn a_search_indexes_the_queue_first_and_finds_every_acknowledged_event() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let request = AppendRequest { events: vec![event("tote.scanned")], idempotency_key: None };
+        store.append_events("ws", request).await.expect("append");
+        // Acknowledged, queued, not yet in the index.
+        assert_eq!(indexed_and_queued(&store, "tote").await, (0, 1));
+        let found = store.search_events("ws", &query("tote")).await.expect("search");
+        assert_eq!(found.total, 1);
+        assert_eq!(indexed_and_queued(&store, "tote").await, (1, 0));
+    }
+
+    #[tokio::test]
+    async fn queued_entries_outlive_a_crash() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        {
+            // Committed with its entry queued, then the process is gone:
+            // no flush, no close.
+            let conn = super::open_writer_connection(dir.path()).expect("open");
+            conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+            let rows = events::prepare_rows(vec![event("pallet.wrapped")]);
+            events::append(&conn, "ws", rows, None).expect("append");
+            assert!(events::flush_pending(&conn, false).expect("flush"), "left queued");
+            conn.execute_batch("COMMIT").expect("commit");
+        }
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
+        assert_eq!(indexed_and_queued(&store, "pallet").await, (0, 1));
+        let found = store.search_events("ws", &query("wrapped")).await.expect("search");
+        assert_eq!(found.total, 1);
+    }
+
+    #[tokio::test]
+    async fn the_writer_indexes_a_full_queue_and_an_idle_one_by_itself() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let batch = usize::try_from(events::SEARCH_BATCH).expect("batch size");
+        let events = (0..batch).map(|_| event("crate.counted")).collect();
+        store.append_events("ws", AppendRequest { events, idempotency_key: None }).await.unwrap();
+        assert_eq!(indexed_and_queued(&store, "crate").await, (events::SEARCH_BATCH, 0));
+        let request = AppendRequest { events: vec![event("bin.emptied")], idempotency_key: None };
+        store.append_events("ws", request).await.unwrap();
+        // No search asks for it: the writer indexes it once idle. Bounded
+        // wait on the observable state, not a sleep for a fixed time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while indexed_and_queued(&store, "bin").await != (1, 0) {
+            assert!(std::time::Instant::now() < deadline, "the idle queue was never indexed");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        store.close().await.expect("close");
+    }
 }
 
 #[cfg(test)]

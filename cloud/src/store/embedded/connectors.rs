@@ -58,7 +58,14 @@ fn remove_event(conn: &Connection, ws: &str, event_id: &str) -> Result<()> {
     let run = |query: &str, args: &[&dyn rusqlite::ToSql]| -> Result<()> {
         conn.prepare_cached(query).and_then(|mut s| s.execute(args)).map(|_| ()).map_err(sql)
     };
-    run("DELETE FROM events_fts WHERE rowid = ?1", &[&seq])?;
+    // Its search entry is queued or indexed, never both.
+    let dequeued = conn
+        .prepare_cached("DELETE FROM search_queue WHERE seq = ?1")
+        .and_then(|mut s| s.execute([seq]))
+        .map_err(sql)?;
+    if dequeued == 0 {
+        run("DELETE FROM events_fts WHERE rowid = ?1", &[&seq])?;
+    }
     run(
         "UPDATE event_counts_hourly SET count = count - 1, revenue = revenue - ?5
          WHERE workspace_id = ?1 AND business_id = ?2 AND event = ?3 AND hour = ?4",
@@ -324,6 +331,9 @@ mod tests {
         let one = events.iter().find(|e| e.id == first.ids[0]).unwrap();
         assert_eq!(one.envelope["outcome"]["revenue"], json!(15.0));
 
+        // Replaced while their search entries were queued: the queue and
+        // the index hold one entry per event that remains.
+        store.index_queued_search().await.unwrap();
         let (rollup, relation, fts, usage) = store
             .read(|conn| {
                 let one = |q: &str| conn.query_row(q, [], |r| r.get::<_, f64>(0)).map_err(sql);

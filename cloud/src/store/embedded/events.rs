@@ -112,8 +112,7 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
 /// error leaves nothing behind. `connectors::remove_event` reverses what
 /// this derives from one event (search entry, rollup, relationship count):
 /// keep the two in step. Search entries and actor bounds are queued and
-/// reach `events_fts` and `event_actors` through [`flush_pending`] when the
-/// transaction commits.
+/// reach `events_fts` and `event_actors` through [`flush_pending`].
 pub(super) fn append(
     conn: &Connection,
     ws: &str,
@@ -150,7 +149,7 @@ pub(super) fn append(
         )
         .map_err(sql)?;
     let mut fts = conn
-        .prepare_cached("INSERT OR REPLACE INTO temp.pending_search (seq, body) VALUES (?1, ?2)")
+        .prepare_cached("INSERT OR REPLACE INTO search_queue (seq, body) VALUES (?1, ?2)")
         .map_err(sql)?;
     let mut ids = Vec::with_capacity(rows.len());
     let mut hourly: HashMap<(String, String, i64), (i64, f64)> = HashMap::new();
@@ -275,39 +274,39 @@ pub(super) fn append(
     Ok(AppendResult { ids, inserted })
 }
 
-/// The per-connection queues written by [`append`] and emptied by
-/// [`flush_pending`] just before the transaction commits.
-///
-/// - Search entries: FTS5 writes its pending entries out as a new index
-///   segment at every savepoint, so indexing inside the writer's
-///   per-request savepoints made one segment per request (and merge work to
-///   match); queued here, a whole group commit becomes one segment.
-/// - Actor bounds: one upsert into `event_actors` per event name and actor
-///   of the whole group instead of one per request.
-///
-/// A request rolled back to its savepoint takes its queued entries with it.
+/// The queue of actor bounds written by [`append`] and emptied by
+/// [`flush_pending`] just before the transaction commits: one upsert into
+/// `event_actors` per event name and actor of the whole group instead of
+/// one per request. A request rolled back to its savepoint takes its queued
+/// entries with it. (Search entries queue in the `search_queue` table,
+/// which outlives a transaction: schema.sql.)
 pub(super) const PENDING_TABLES: &str = "
-    CREATE TEMP TABLE IF NOT EXISTS pending_search (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
     CREATE TEMP TABLE IF NOT EXISTS pending_actors (
         workspace_id TEXT NOT NULL, event TEXT NOT NULL, business_id TEXT NOT NULL,
         actor_id TEXT NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
         PRIMARY KEY (workspace_id, event, business_id, actor_id)
     ) WITHOUT ROWID;";
 
-/// Indexes the queued search entries of events that still exist (one may
-/// have been replaced in the same transaction), merges the queued actor
-/// bounds into `event_actors`, then empties the queues. Call inside the
-/// transaction, outside any savepoint, right before COMMIT.
-pub(super) fn flush_pending(conn: &Connection) -> rusqlite::Result<()> {
-    // CROSS JOIN keeps the queue as the outer loop: with a plain JOIN the
-    // planner may scan all of `events` and probe the queue instead.
-    conn.prepare_cached(
-        "INSERT INTO events_fts (rowid, body)
-         SELECT p.seq, p.body FROM temp.pending_search AS p
-         CROSS JOIN events AS e ON e.seq = p.seq",
-    )?
-    .execute([])?;
-    conn.prepare_cached("DELETE FROM temp.pending_search")?.execute([])?;
+/// Search entries the queue gathers before a commit indexes them. FTS5
+/// writes one new index segment per transaction that touches it, and merges
+/// segments 16 at a time: a segment per group commit of a few dozen
+/// single-event requests made the index's flush and merge work about a
+/// fifth of the writer's time. Searches never wait for this many
+/// ([`flush_search`] runs first when anything is queued).
+pub(super) const SEARCH_BATCH: i64 = 4096;
+
+/// Merges the queued actor bounds into `event_actors` and indexes the
+/// queued search entries when there are [`SEARCH_BATCH`] of them, or any at
+/// all with `all_search`. Call inside the transaction, outside any
+/// savepoint, right before COMMIT. Answers whether search entries remain
+/// queued.
+pub(super) fn flush_pending(conn: &Connection, all_search: bool) -> rusqlite::Result<bool> {
+    let queued: i64 =
+        conn.prepare_cached("SELECT count(*) FROM search_queue")?.query_row([], |r| r.get(0))?;
+    let index = queued > 0 && (all_search || queued >= SEARCH_BATCH);
+    if index {
+        flush_search(conn)?;
+    }
     // Bounds of a removed event are widened to unknown by
     // `connectors::remove_event`; min/max keep them unknown here.
     conn.prepare_cached(
@@ -319,6 +318,21 @@ pub(super) fn flush_pending(conn: &Connection) -> rusqlite::Result<()> {
     )?
     .execute([])?;
     conn.prepare_cached("DELETE FROM temp.pending_actors")?.execute([])?;
+    Ok(queued > 0 && !index)
+}
+
+/// Indexes every queued search entry whose event still exists and empties
+/// the queue.
+pub(super) fn flush_search(conn: &Connection) -> rusqlite::Result<()> {
+    // CROSS JOIN keeps the queue as the outer loop: with a plain JOIN the
+    // planner may scan all of `events` and probe the queue instead.
+    conn.prepare_cached(
+        "INSERT INTO events_fts (rowid, body)
+         SELECT q.seq, q.body FROM search_queue AS q
+         CROSS JOIN events AS e ON e.seq = q.seq",
+    )?
+    .execute([])?;
+    conn.prepare_cached("DELETE FROM search_queue")?.execute([])?;
     Ok(())
 }
 
@@ -434,7 +448,9 @@ mod tests {
         append(&conn, "ws", rows("pallet.dropped"), None).unwrap();
         conn.execute_batch("ROLLBACK TO job; RELEASE job").unwrap();
         assert_eq!(matches(&conn, "pallet"), 0, "queued, not yet indexed");
-        flush_pending(&conn).unwrap();
+        assert!(flush_pending(&conn, false).unwrap(), "one entry stays queued");
+        assert_eq!(matches(&conn, "pallet"), 0, "below SEARCH_BATCH: still queued");
+        assert!(!flush_pending(&conn, true).unwrap());
         conn.execute_batch("COMMIT").unwrap();
         assert_eq!(matches(&conn, "kept"), 1);
         assert_eq!(matches(&conn, "dropped"), 0);
@@ -450,10 +466,9 @@ mod tests {
             .unwrap();
         let kept = |key: &str| (key.to_owned(), 1_000, 1_000);
         assert_eq!(bounds, [kept("pallet.kept/"), kept("pallet.kept/default")]);
-        for queue in ["pending_search", "pending_actors"] {
-            let queued: i64 = conn
-                .query_row(&format!("SELECT count(*) FROM temp.{queue}"), [], |r| r.get(0))
-                .unwrap();
+        for queue in ["search_queue", "temp.pending_actors"] {
+            let queued: i64 =
+                conn.query_row(&format!("SELECT count(*) FROM {queue}"), [], |r| r.get(0)).unwrap();
             assert_eq!(queued, 0, "{queue}");
         }
     }

@@ -9,7 +9,8 @@
 //!   range.
 //! - Funnels and attribution follow each actor's events in time order:
 //!   [`journeys`](super::journeys).
-//! - Search goes through the trigram index `events_fts`; governed events
+//! - Search goes through the trigram index `events_fts` (after indexing
+//!   whatever is queued: `events::flush_pending`); governed events
 //!   through their partial index.
 
 use async_trait::async_trait;
@@ -582,6 +583,7 @@ impl QueryStore for EmbeddedStore {
     }
 
     async fn search_events(&self, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
+        self.index_queued_search().await?;
         let (ws, query) = (ws.to_owned(), query.clone());
         self.read(move |conn| search(conn, &ws, &query)).await
     }
