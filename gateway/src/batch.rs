@@ -1,5 +1,6 @@
-//! Batch building: buffer records in, a protobuf [`pb::Batch`] with a
-//! contiguous sequence range out. No I/O; the shipper feeds it what it read.
+//! Batch building: buffer records in, a protobuf batch with a contiguous
+//! sequence range out, its events kept encoded as the buffer holds them
+//! ([`EncodedBatch`]). No I/O; the shipper feeds it what it read.
 //!
 //! The protocol (`opgraph/v1/ingest.proto`) wants the batches of a session
 //! to tile the sequence space: the first starts at the cloud's
@@ -9,6 +10,7 @@
 //! [`Draft`] keeps that invariant: it starts at a given sequence and only
 //! ever grows at its end, over records *and* over the holes between them.
 
+use opgraph_proto::encoded_batch::EncodedBatch;
 use opgraph_proto::pb;
 use prost::Message;
 
@@ -92,29 +94,25 @@ impl Draft {
         }
     }
 
-    /// The protobuf batch of this draft for `gateway_id` in session
-    /// `epoch`, and the sequences whose payload was not a `pb::Event`
-    /// (impossible for records this gateway wrote, whose checksums held;
-    /// they are left out like corrupt records, and the caller counts them).
-    pub fn into_batch(self, gateway_id: &str, epoch: u64) -> (pb::Batch, Vec<u64>) {
+    /// The batch of this draft for `gateway_id` in session `epoch`, and the
+    /// sequences whose payload was not a `pb::Event` (impossible for records
+    /// this gateway wrote, whose checksums held; they are left out like
+    /// corrupt records, and the caller counts them). Each payload is still
+    /// decoded once, to check it, since the cloud refuses a batch whole for
+    /// one event it cannot decode; the decoded event is dropped at once, and
+    /// the batch carries the payload's bytes.
+    pub fn into_batch(self, gateway_id: &str, epoch: u64) -> (EncodedBatch, Vec<u64>) {
         let mut undecodable = Vec::new();
-        let mut events = Vec::with_capacity(self.records.len());
+        let mut batch = EncodedBatch::new(gateway_id, epoch, self.first, self.last);
+        // Per event: key, length and sequence, at most 1 + 3 + 11 bytes.
+        batch.reserve(self.bytes + 16 * self.records.len());
         for record in self.records {
-            match pb::Event::decode(record.payload) {
-                Ok(mut event) => {
-                    event.sequence = record.seq;
-                    events.push(event);
-                }
-                Err(_) => undecodable.push(record.seq),
+            if pb::Event::decode(record.payload.as_ref()).is_ok() {
+                batch.push_encoded(&record.payload, record.seq);
+            } else {
+                undecodable.push(record.seq);
             }
         }
-        let batch = pb::Batch {
-            gateway_id: gateway_id.to_owned(),
-            epoch,
-            first_sequence: self.first,
-            last_sequence: self.last,
-            events,
-        };
         (batch, undecodable)
     }
 }
@@ -135,6 +133,14 @@ mod tests {
         seqs.iter().copied().map(record).collect()
     }
 
+    /// What the cloud decodes from the draft's batch.
+    fn into_batch(draft: Draft, gateway_id: &str, epoch: u64) -> (pb::Batch, Vec<u64>) {
+        let (batch, bad) = draft.into_batch(gateway_id, epoch);
+        let decoded = pb::Batch::decode(batch.encode_to_vec().as_slice()).expect("a valid batch");
+        assert_eq!(decoded.events.len(), batch.len());
+        (decoded, bad)
+    }
+
     #[test]
     fn a_batch_covers_its_records_and_carries_their_sequences() {
         let mut draft = Draft::new(5);
@@ -142,7 +148,7 @@ mod tests {
         assert_eq!(draft.read_from(), 5);
         draft.extend(records(&[5, 6, 7]), 8);
         assert_eq!((draft.first(), draft.last(), draft.len()), (5, 7, 3));
-        let (batch, bad) = draft.into_batch("gw-1", 3);
+        let (batch, bad) = into_batch(draft, "gw-1", 3);
         assert!(bad.is_empty());
         assert_eq!((batch.gateway_id.as_str(), batch.epoch), ("gw-1", 3));
         assert_eq!((batch.first_sequence, batch.last_sequence), (5, 7));
@@ -156,7 +162,7 @@ mod tests {
         // Acked up to 9; 10 and 11 were dropped, 13 is corrupt.
         let mut draft = Draft::new(10);
         draft.extend(records(&[12, 14]), 15);
-        let (batch, _) = draft.into_batch("gw", 1);
+        let (batch, _) = into_batch(draft, "gw", 1);
         assert_eq!((batch.first_sequence, batch.last_sequence), (10, 14));
         assert_eq!(batch.events.len(), 2);
     }
@@ -175,7 +181,7 @@ mod tests {
         // A draft of holes only is a valid, empty batch.
         let mut holes = Draft::new(1);
         holes.extend(Vec::new(), 4);
-        let (batch, _) = holes.into_batch("gw", 1);
+        let (batch, _) = into_batch(holes, "gw", 1);
         assert_eq!((batch.first_sequence, batch.last_sequence, batch.events.len()), (1, 3, 0));
     }
 
@@ -215,7 +221,7 @@ mod tests {
         let mut input = records(&[1, 3]);
         input.insert(1, Record { seq: 2, payload: Bytes::from_static(&[0xff, 0xff, 0xff]) });
         draft.extend(input, 4);
-        let (batch, bad) = draft.into_batch("gw", 1);
+        let (batch, bad) = into_batch(draft, "gw", 1);
         assert_eq!(bad, [2]);
         assert_eq!((batch.first_sequence, batch.last_sequence, batch.events.len()), (1, 3, 2));
     }

@@ -354,7 +354,7 @@ impl Shipper {
                 if !undecodable.is_empty() {
                     tracing::error!(?undecodable, "buffer records that are not events: skipped");
                 }
-                let events = batch.events.len() as u64;
+                let events = batch.len() as u64;
                 if let Err(e) = self.uplink.send(batch).await {
                     return failed("send", e);
                 }

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytesize::ByteSize;
+use opgraph_proto::encoded_batch::EncodedBatch;
 use opgraph_proto::pb;
 use serde::{Deserialize, Serialize};
 
@@ -55,7 +56,7 @@ pub trait Uplink: Send {
     /// Hands a batch to the transport and returns without waiting for its
     /// acknowledgement (which comes through `recv_ack`). May wait briefly
     /// for transport flow control.
-    async fn send(&mut self, batch: pb::Batch) -> Result<()>;
+    async fn send(&mut self, batch: EncodedBatch) -> Result<()>;
 
     /// The next acknowledgement of this session. Cancel-safe: dropping the
     /// future loses nothing, so it can sit in a `select!`. Errors when the

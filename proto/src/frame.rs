@@ -90,7 +90,7 @@ pub fn decode_header(header: [u8; HEADER_LEN]) -> Result<(FrameKind, usize), Fra
 
 /// A batch frame: zstd at `level` (1 is fast and already shrinks JSON-heavy
 /// events several times).
-pub fn encode_batch(batch: &pb::Batch, level: i32) -> std::io::Result<Vec<u8>> {
+pub fn encode_batch(batch: &impl Message, level: i32) -> std::io::Result<Vec<u8>> {
     let body = zstd::bulk::compress(&batch.encode_to_vec(), level)?;
     Ok(frame(FrameKind::Batch, &body))
 }

@@ -17,6 +17,8 @@
 //!   most [`envelope::MAX_BATCH`], all or nothing), shared by the cloud's
 //!   HTTP ingest and the gateway's local ingest endpoint.
 //! - [`ids`]: `evt_...`-style ids (ULID-shaped) that cloud and gateway mint.
+//! - [`encoded_batch`]: a `Batch` whose events stay encoded, as a gateway's
+//!   buffer holds them, for the uplinks to send without decoding them.
 //! - [`frame`]: the QUIC uplink's framing of those messages (kind, length,
 //!   zstd-compressed batches), bounded against hostile peers.
 //! - [`error`]: [`ValidationError`], the validation error ([`frame`] has its
@@ -27,6 +29,7 @@
 
 pub mod convert;
 pub mod dir_lock;
+pub mod encoded_batch;
 pub mod envelope;
 pub mod error;
 pub mod event;

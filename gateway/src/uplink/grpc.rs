@@ -5,18 +5,23 @@
 //! channel; a reader task moves acknowledgements from the response stream
 //! into another channel, which makes [`Uplink::recv_ack`] cancel-safe.
 //! Batches are zstd-compressed; the API key rides in the `authorization`
-//! metadata of both calls.
+//! metadata of both calls. `Send` is called without the generated client,
+//! whose request type is the decoded `pb::Batch`: the stream carries
+//! [`EncodedBatch`]es, the same bytes on the wire.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+use opgraph_proto::encoded_batch::EncodedBatch;
 use opgraph_proto::frame::MAX_BATCH_BYTES;
 use opgraph_proto::pb;
 use opgraph_proto::pb::ingest_client::IngestClient;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::client::Grpc;
 use tonic::codec::CompressionEncoding;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
@@ -41,7 +46,7 @@ struct Session {
     /// Kept so the connection lives as long as the session.
     _client: IngestClient<Channel>,
     /// `None` once the request stream was ended.
-    batches: Option<mpsc::Sender<pb::Batch>>,
+    batches: Option<mpsc::Sender<EncodedBatch>>,
     acks: mpsc::Receiver<Result<pb::Ack>>,
     reader: JoinHandle<()>,
 }
@@ -51,6 +56,9 @@ impl Drop for Session {
         self.reader.abort();
     }
 }
+
+/// The `Send` method of `opgraph.v1.Ingest`.
+const SEND_PATH: &str = "/opgraph.v1.Ingest/Send";
 
 /// How long a session end waits for the cloud to close its side.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -148,7 +156,7 @@ impl Uplink for GrpcUplink {
     async fn connect(&mut self, hello: &pb::HelloRequest) -> Result<pb::HelloResponse> {
         self.disconnect().await;
         let channel = self.channel().await?;
-        let mut client = IngestClient::new(channel)
+        let mut client = IngestClient::new(channel.clone())
             .send_compressed(CompressionEncoding::Zstd)
             .accept_compressed(CompressionEncoding::Zstd)
             .max_encoding_message_size(MAX_BATCH_BYTES)
@@ -159,8 +167,19 @@ impl Uplink for GrpcUplink {
             .map_err(|s| self.error(&s))?
             .into_inner();
         let (batches, outgoing) = mpsc::channel(self.max_in_flight.max(1));
-        let mut incoming = client
-            .send(self.authed(ReceiverStream::new(outgoing))?)
+        let mut send = Grpc::new(channel)
+            .send_compressed(CompressionEncoding::Zstd)
+            .accept_compressed(CompressionEncoding::Zstd)
+            .max_encoding_message_size(MAX_BATCH_BYTES)
+            .max_decoding_message_size(1 << 20);
+        send.ready().await.map_err(|e| Error::Uplink {
+            endpoint: self.endpoint.clone(),
+            reason: error_chain(&e),
+        })?;
+        let codec = tonic_prost::ProstCodec::<EncodedBatch, pb::Ack>::default();
+        let request = self.authed(ReceiverStream::new(outgoing))?;
+        let mut incoming = send
+            .streaming(request, PathAndQuery::from_static(SEND_PATH), codec)
             .await
             .map_err(|s| self.error(&s))?
             .into_inner();
@@ -196,7 +215,7 @@ impl Uplink for GrpcUplink {
         Ok(response)
     }
 
-    async fn send(&mut self, batch: pb::Batch) -> Result<()> {
+    async fn send(&mut self, batch: EncodedBatch) -> Result<()> {
         let closed =
             || Error::Uplink { endpoint: self.endpoint.clone(), reason: "no open session".into() };
         let sender = self.session.as_ref().and_then(|s| s.batches.as_ref()).ok_or_else(closed)?;

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use opgraph_proto::encoded_batch::EncodedBatch;
 use opgraph_proto::pb;
+use prost::Message;
 use tokio::sync::mpsc;
 
 use super::Uplink;
@@ -197,8 +199,11 @@ impl Uplink for MemoryUplink {
         Ok(response)
     }
 
-    async fn send(&mut self, batch: pb::Batch) -> Result<()> {
+    async fn send(&mut self, batch: EncodedBatch) -> Result<()> {
         let Some((tx, _)) = &self.session else { return Err(uplink_error("no session")) };
+        // Decoded as the cloud would: the bytes on the wire are what counts.
+        let batch = pb::Batch::decode(batch.encode_to_vec().as_slice())
+            .map_err(|e| uplink_error(&format!("undecodable batch: {e}")))?;
         if let Some(ack) = self.cloud.commit(&batch) {
             tx.send(ack).map_err(|_| uplink_error("session closed"))?;
         }

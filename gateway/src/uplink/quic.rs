@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use opgraph_proto::encoded_batch::EncodedBatch;
 use opgraph_proto::frame::{self, FrameKind, HEADER_LEN};
 use opgraph_proto::pb;
 use tokio::sync::mpsc;
@@ -228,7 +229,7 @@ impl Uplink for QuicUplink {
         Ok(response)
     }
 
-    async fn send(&mut self, batch: pb::Batch) -> Result<()> {
+    async fn send(&mut self, batch: EncodedBatch) -> Result<()> {
         let endpoint = self.endpoint_name.clone();
         let Some(session) = self.session.as_mut() else {
             return Err(self.uplink_error("no open session"));
