@@ -190,6 +190,7 @@ mod tests {
         config.validate().unwrap();
         assert_eq!(config.uplink.transport, Transport::Grpc);
         assert_eq!(config.uplink.batch_max_events, 5000);
+        assert_eq!(config.uplink.batch_max_bytes, ByteSize::kib(256));
         assert_eq!(config.uplink.congestion, crate::uplink::Congestion::LossTolerant);
         assert_eq!(config.shutdown_flush, Duration::from_secs(5));
         assert_eq!(config.http.addr.port(), 9100);

@@ -47,7 +47,9 @@
 //! `--inflight=N` (100), `--rounds=N` (1), `--outage-rate=N` (500),
 //! `--outage-seconds=N` (20), `--outage-devices=N` (100),
 //! `--only=throughput|outage`, `--dir=PATH` (where data directories go;
-//! the system temp directory by default, which must be a real disk).
+//! the system temp directory by default, which must be a real disk),
+//! `--uplink=TOML` (extra lines for the throughput gateway's `[uplink]`
+//! table, e.g. `batch_max_events = 1000`).
 //! Recorded numbers: BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a broken bench should fail loudly
 
@@ -84,6 +86,8 @@ struct Options {
     outage_devices: usize,
     only: Option<String>,
     dir: Option<PathBuf>,
+    /// Extra lines for the gateway's `[uplink]` table.
+    uplink: String,
 }
 
 impl Options {
@@ -98,6 +102,7 @@ impl Options {
             outage_devices: 100,
             only: None,
             dir: None,
+            uplink: String::new(),
         };
         for arg in std::env::args().skip(1) {
             let (k, v) = arg.split_once('=').unwrap_or((arg.as_str(), ""));
@@ -112,6 +117,7 @@ impl Options {
                 "--outage-devices" => o.outage_devices = num(v).max(1) as usize,
                 "--only" => o.only = Some(v.to_owned()),
                 "--dir" => o.dir = Some(PathBuf::from(v)),
+                "--uplink" => o.uplink = v.to_owned(),
                 "--bench" => {}
                 other if !other.starts_with("--") => {} // a name filter: ignored
                 other => panic!("unknown option {other} (see the header of benches/mqtt.rs)"),
@@ -236,7 +242,8 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
     let gw_dir = tmp.path().join("gateway");
     std::fs::create_dir_all(&gw_dir).unwrap();
     let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &ingest_source());
+    let extra = format!("{}\n{}", options.uplink, ingest_source());
+    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &extra);
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     let pid = gateway.process.child.id().unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await; // uplink connected, idle
