@@ -921,18 +921,36 @@ mod search_queue {
         assert_eq!(found.total, 1);
     }
 
+    fn events_named(name: &str, n: i64) -> AppendRequest {
+        let events = (0..n).map(|_| event(name)).collect();
+        AppendRequest { events, idempotency_key: None }
+    }
+
     #[tokio::test]
-    async fn the_writer_indexes_a_full_queue_and_an_idle_one_by_itself() {
+    async fn large_groups_are_indexed_at_once_and_small_ones_once_enough_are_queued() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        let batch = usize::try_from(events::SEARCH_BATCH).expect("batch size");
-        let events = (0..batch).map(|_| event("crate.counted")).collect();
-        store.append_events("ws", AppendRequest { events, idempotency_key: None }).await.unwrap();
-        assert_eq!(indexed_and_queued(&store, "crate").await, (events::SEARCH_BATCH, 0));
-        let request = AppendRequest { events: vec![event("bin.emptied")], idempotency_key: None };
-        store.append_events("ws", request).await.unwrap();
+        store.append_events("ws", events_named("crate.counted", events::SEARCH_DIRECT)).await.unwrap();
+        assert_eq!(indexed_and_queued(&store, "crate").await, (events::SEARCH_DIRECT, 0));
+        // Small groups queue until SEARCH_BATCH entries wait.
+        let small = events::SEARCH_DIRECT - 1;
+        let groups = events::SEARCH_BATCH / small;
+        for _ in 0..groups {
+            store.append_events("ws", events_named("tote.counted", small)).await.unwrap();
+        }
+        assert_eq!(indexed_and_queued(&store, "tote").await, (0, groups * small));
+        store.append_events("ws", events_named("tote.counted", small)).await.unwrap();
+        assert_eq!(indexed_and_queued(&store, "tote").await, ((groups + 1) * small, 0));
+        store.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn the_writer_indexes_an_idle_queue_by_itself() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        store.append_events("ws", events_named("bin.emptied", 1)).await.unwrap();
         // No search asks for it: the writer indexes it once idle. Bounded
-        // wait on the observable state, not a sleep for a fixed time.
+        // wait on the observable state (no event to await from outside).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while indexed_and_queued(&store, "bin").await != (1, 0) {
             assert!(std::time::Instant::now() < deadline, "the idle queue was never indexed");

@@ -58,11 +58,15 @@ fn remove_event(conn: &Connection, ws: &str, event_id: &str) -> Result<()> {
     let run = |query: &str, args: &[&dyn rusqlite::ToSql]| -> Result<()> {
         conn.prepare_cached(query).and_then(|mut s| s.execute(args)).map(|_| ()).map_err(sql)
     };
-    // Its search entry is queued or indexed, never both.
-    let dequeued = conn
-        .prepare_cached("DELETE FROM search_queue WHERE seq = ?1")
-        .and_then(|mut s| s.execute([seq]))
-        .map_err(sql)?;
+    // Its search entry is queued (by this transaction or an earlier one) or
+    // indexed, never both.
+    let mut dequeued = 0;
+    for queue in ["temp.pending_search", "search_queue"] {
+        dequeued += conn
+            .prepare_cached(&format!("DELETE FROM {queue} WHERE seq = ?1"))
+            .and_then(|mut s| s.execute([seq]))
+            .map_err(sql)?;
+    }
     if dequeued == 0 {
         run("DELETE FROM events_fts WHERE rowid = ?1", &[&seq])?;
     }

@@ -87,10 +87,11 @@ CREATE INDEX IF NOT EXISTS events_trackable
 CREATE VIRTUAL TABLE IF NOT EXISTS events_fts USING fts5 (
     body, content = '', contentless_delete = 1, tokenize = 'trigram'
 );
--- Search entries of committed events not yet in `events_fts`, written in
--- the event's transaction and indexed thousands at a time (FTS5 makes a
--- segment per transaction); a search indexes whatever is queued first, so
--- it still finds every acknowledged event (`events::flush_pending`).
+-- Search entries of committed events not yet in `events_fts`: those of
+-- small group commits, written in the event's transaction and indexed
+-- thousands at a time (FTS5 makes a segment per transaction); a search
+-- indexes whatever is queued first, so it still finds every acknowledged
+-- event (`events::flush_pending`).
 CREATE TABLE IF NOT EXISTS search_queue (
     seq  INTEGER PRIMARY KEY,
     body TEXT NOT NULL
