@@ -930,7 +930,10 @@ mod search_queue {
     async fn large_groups_are_indexed_at_once_and_small_ones_once_enough_are_queued() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        store.append_events("ws", events_named("crate.counted", events::SEARCH_DIRECT)).await.unwrap();
+        store
+            .append_events("ws", events_named("crate.counted", events::SEARCH_DIRECT))
+            .await
+            .unwrap();
         assert_eq!(indexed_and_queued(&store, "crate").await, (events::SEARCH_DIRECT, 0));
         // Small groups queue until SEARCH_BATCH entries wait.
         let small = events::SEARCH_DIRECT - 1;
