@@ -473,6 +473,8 @@ const OPTIMIZE_EVERY: Duration = Duration::from_secs(3600);
 /// How long the writer waits for more writes before it indexes queued
 /// search entries on its own ([`events::SEARCH_BATCH`]).
 const SEARCH_IDLE: Duration = Duration::from_millis(200);
+/// The longest wait between idle attempts that keep failing.
+const SEARCH_IDLE_MAX: Duration = Duration::from_secs(10);
 
 /// The writer thread's connection and what it tells the rest of the store.
 struct Writer {
@@ -487,17 +489,26 @@ struct Writer {
 impl Writer {
     fn run(self, rx: mpsc::Receiver<Command>) {
         let mut optimized = std::time::Instant::now();
+        let mut idle = SEARCH_IDLE;
         loop {
             let first = if self.search_queued.load(Ordering::SeqCst) {
-                match rx.recv_timeout(SEARCH_IDLE) {
+                match rx.recv_timeout(idle) {
                     Ok(command) => command,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         self.group(Vec::new(), true);
+                        // Still queued: indexing failed (a full disk, say),
+                        // and was logged; try, and log, less often.
+                        idle = if self.search_queued.load(Ordering::SeqCst) {
+                            (idle * 2).min(SEARCH_IDLE_MAX)
+                        } else {
+                            SEARCH_IDLE
+                        };
                         continue;
                     }
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
             } else {
+                idle = SEARCH_IDLE;
                 match rx.recv() {
                     Ok(command) => command,
                     Err(_) => return,
@@ -945,6 +956,29 @@ mod search_queue {
         store.append_events("ws", events_named("tote.counted", small)).await.unwrap();
         assert_eq!(indexed_and_queued(&store, "tote").await, ((groups + 1) * small, 0));
         store.close().await.expect("close");
+    }
+
+    #[tokio::test]
+    async fn a_search_still_answers_when_the_queue_cannot_be_indexed() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        store.append_events("ws", events_named("pallet.indexed", 1)).await.unwrap();
+        assert_eq!(store.search_events("ws", &query("pallet")).await.unwrap().total, 1);
+        store.append_events("ws", events_named("pallet.queued", 1)).await.unwrap();
+        // Indexing the queue now fails, as it would on a full disk.
+        store
+            .write(|conn| {
+                conn.execute_batch(
+                    "CREATE TRIGGER search_queue_stuck BEFORE DELETE ON search_queue
+                     BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+                )
+                .map_err(Error::internal)
+            })
+            .await
+            .expect("make the queue stick");
+        let found = store.search_events("ws", &query("pallet")).await.expect("an answer");
+        assert_eq!(found.total, 1, "the indexed event, without the queued one");
+        assert_eq!(indexed_and_queued(&store, "pallet").await, (1, 1), "nothing lost");
     }
 
     #[tokio::test]

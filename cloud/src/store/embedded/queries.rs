@@ -583,7 +583,11 @@ impl QueryStore for EmbeddedStore {
     }
 
     async fn search_events(&self, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
-        self.index_queued_search().await?;
+        // A store that cannot write (a full disk) still answers searches,
+        // without the entries it could not index.
+        if let Err(e) = self.index_queued_search().await {
+            tracing::warn!(error = %e, "search runs without the entries still queued");
+        }
         let (ws, query) = (ws.to_owned(), query.clone());
         self.read(move |conn| search(conn, &ws, &query)).await
     }
