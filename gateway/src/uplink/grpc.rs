@@ -5,9 +5,10 @@
 //! channel; a reader task moves acknowledgements from the response stream
 //! into another channel, which makes [`Uplink::recv_ack`] cancel-safe.
 //! Batches are zstd-compressed; the API key rides in the `authorization`
-//! metadata of both calls. `Send` is called without the generated client,
-//! whose request type is the decoded `pb::Batch`: the stream carries
-//! [`EncodedBatch`]es, the same bytes on the wire.
+//! metadata of both calls. Both go through one `tonic::client::Grpc`
+//! rather than the generated client, whose `Send` takes the decoded
+//! `pb::Batch`: the stream carries [`EncodedBatch`]es, the same bytes on
+//! the wire.
 
 use std::time::Duration;
 
@@ -15,7 +16,6 @@ use async_trait::async_trait;
 use opgraph_proto::encoded_batch::EncodedBatch;
 use opgraph_proto::frame::MAX_BATCH_BYTES;
 use opgraph_proto::pb;
-use opgraph_proto::pb::ingest_client::IngestClient;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -44,7 +44,7 @@ pub struct GrpcUplink {
 
 struct Session {
     /// Kept so the connection lives as long as the session.
-    _client: IngestClient<Channel>,
+    _client: Grpc<Channel>,
     /// `None` once the request stream was ended.
     batches: Option<mpsc::Sender<EncodedBatch>>,
     acks: mpsc::Receiver<Result<pb::Ack>>,
@@ -57,7 +57,8 @@ impl Drop for Session {
     }
 }
 
-/// The `Send` method of `opgraph.v1.Ingest`.
+/// The methods of `opgraph.v1.Ingest`.
+const HELLO_PATH: &str = "/opgraph.v1.Ingest/Hello";
 const SEND_PATH: &str = "/opgraph.v1.Ingest/Send";
 
 /// How long a session end waits for the cloud to close its side.
@@ -156,29 +157,27 @@ impl Uplink for GrpcUplink {
     async fn connect(&mut self, hello: &pb::HelloRequest) -> Result<pb::HelloResponse> {
         self.disconnect().await;
         let channel = self.channel().await?;
-        let mut client = IngestClient::new(channel.clone())
+        let mut client = Grpc::new(channel)
             .send_compressed(CompressionEncoding::Zstd)
             .accept_compressed(CompressionEncoding::Zstd)
             .max_encoding_message_size(MAX_BATCH_BYTES)
             .max_decoding_message_size(1 << 20);
+        let not_ready = |e: tonic::transport::Error| Error::Uplink {
+            endpoint: self.endpoint.clone(),
+            reason: error_chain(&e),
+        };
+        client.ready().await.map_err(not_ready)?;
+        let codec = tonic_prost::ProstCodec::<pb::HelloRequest, pb::HelloResponse>::default();
         let response = client
-            .hello(self.authed(hello.clone())?)
+            .unary(self.authed(hello.clone())?, PathAndQuery::from_static(HELLO_PATH), codec)
             .await
             .map_err(|s| self.error(&s))?
             .into_inner();
         let (batches, outgoing) = mpsc::channel(self.max_in_flight.max(1));
-        let mut send = Grpc::new(channel)
-            .send_compressed(CompressionEncoding::Zstd)
-            .accept_compressed(CompressionEncoding::Zstd)
-            .max_encoding_message_size(MAX_BATCH_BYTES)
-            .max_decoding_message_size(1 << 20);
-        send.ready().await.map_err(|e| Error::Uplink {
-            endpoint: self.endpoint.clone(),
-            reason: error_chain(&e),
-        })?;
+        client.ready().await.map_err(not_ready)?;
         let codec = tonic_prost::ProstCodec::<EncodedBatch, pb::Ack>::default();
         let request = self.authed(ReceiverStream::new(outgoing))?;
-        let mut incoming = send
+        let mut incoming = client
             .streaming(request, PathAndQuery::from_static(SEND_PATH), codec)
             .await
             .map_err(|s| self.error(&s))?
