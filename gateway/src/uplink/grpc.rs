@@ -125,21 +125,18 @@ impl GrpcUplink {
 /// A status with its code and causes (a failed TLS handshake is only
 /// "transport error" at the top).
 fn status_text(status: &Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
-    let mut source = std::error::Error::source(status);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    let top = format!("{:?}: {}", status.code(), status.message());
+    with_sources(top, std::error::Error::source(status))
 }
 
 /// An error with its sources, on one line (tonic's top-level message is
 /// often just "transport error").
 fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
+    with_sources(e.to_string(), e.source())
+}
+
+/// `text: source: its source ...`.
+fn with_sources(mut text: String, mut source: Option<&dyn std::error::Error>) -> String {
     while let Some(cause) = source {
         text.push_str(": ");
         text.push_str(&cause.to_string());
