@@ -274,7 +274,7 @@ pub struct RunQuery {
 
 /// Actor types whose activity `/api/usage` reports as agents. The
 /// embedded store keeps a partial index of exactly these, in this order
-/// (`events_agents` in `embedded/schema.sql`).
+/// (`events_agent_actors` in `embedded/schema.sql`).
 pub const AGENT_TYPES: [&str; 6] =
     ["agent", "ai_agent", "robot", "mcp_server", "cli_workflow", "workflow"];
 

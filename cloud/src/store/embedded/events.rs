@@ -108,6 +108,14 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
         .collect()
 }
 
+const INSERT_EVENT: &str = "
+    INSERT INTO events (workspace_id, id, business_id, event, ts, received_at,
+        actor_type, actor_id, object_type, object_id, trace_id, decision_id, trust_tier,
+        message_id, trackable_code, revenue, source, channel, campaign, envelope)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+        ?17, ?18, ?19, ?20)
+    ON CONFLICT DO NOTHING";
+
 /// Writes one ingest request; runs inside the writer's savepoint, so an
 /// error leaves nothing behind. `connectors::remove_event` reverses what
 /// this derives from one event (search entry, rollup, relationship count):
@@ -138,16 +146,7 @@ pub(super) fn append(
         }
     }
 
-    let mut insert = conn
-        .prepare_cached(
-            "INSERT INTO events (workspace_id, id, business_id, event, ts, received_at,
-                actor_type, actor_id, object_type, object_id, trace_id, decision_id, trust_tier,
-                message_id, trackable_code, revenue, source, channel, campaign, envelope)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                ?17, ?18, ?19, ?20)
-             ON CONFLICT DO NOTHING",
-        )
-        .map_err(sql)?;
+    let mut insert = conn.prepare_cached(INSERT_EVENT).map_err(sql)?;
     let mut fts = conn
         .prepare_cached("INSERT OR REPLACE INTO temp.pending_search (seq, body) VALUES (?1, ?2)")
         .map_err(sql)?;
@@ -461,6 +460,23 @@ mod tests {
     fn matches(conn: &Connection, text: &str) -> i64 {
         conn.query_row("SELECT count(*) FROM events_fts WHERE body MATCH ?1", [text], |r| r.get(0))
             .unwrap()
+    }
+
+    #[test]
+    fn an_event_insert_builds_no_temporary_table() {
+        // A partial index whose term is an IN list of more than two values
+        // makes every insert build, fill and drop a temporary b-tree.
+        let dir = tempfile::tempdir().unwrap();
+        let conn = super::super::open_writer_connection(dir.path()).unwrap();
+        let program: Vec<String> = conn
+            .prepare(&format!("EXPLAIN {INSERT_EVENT}"))
+            .unwrap()
+            .query_map(params_from_iter([rusqlite::types::Null; 20]), |r| r.get::<_, String>(1))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(program.iter().any(|op| op == "IdxInsert"), "{program:?}");
+        assert!(!program.iter().any(|op| op == "OpenEphemeral"), "{program:?}");
     }
 
     #[test]

@@ -442,7 +442,7 @@ fn actor_activity_sql(
     q.bind(":limit", int(limit));
     let mut filter = String::new();
     if *types == AGENT_TYPES[..] {
-        // The partial index `events_agents` serves only a query that
+        // The partial index `events_agent_actors` serves only a query that
         // repeats its WHERE term literally (SQLite cannot tell that bound
         // values match it).
         filter.push_str(&format!(" AND {}", agent_types_term()));
@@ -466,10 +466,11 @@ fn actor_activity_sql(
     (q, text)
 }
 
-/// `actor_type IN ('agent', ...)`: the WHERE term of `events_agents`.
+/// `(actor_type = 'agent' OR ...)`: the WHERE term of `events_agent_actors`.
 fn agent_types_term() -> String {
-    let quoted: Vec<String> = AGENT_TYPES.iter().map(|t| format!("'{t}'")).collect();
-    format!("actor_type IN ({})", quoted.join(", "))
+    let equalities: Vec<String> =
+        AGENT_TYPES.iter().map(|t| format!("actor_type = '{t}'")).collect();
+    format!("({})", equalities.join(" OR "))
 }
 
 fn proof_gaps(
@@ -868,6 +869,31 @@ mod tests {
     }
 
     #[test]
+    fn the_old_agents_index_is_replaced_on_open() {
+        use crate::store::embedded::open_writer_connection;
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_writer_connection(dir.path()).unwrap();
+        conn.execute_batch(
+            "DROP INDEX events_agent_actors;
+             CREATE INDEX events_agents ON events (workspace_id, actor_type, actor_id, ts, revenue)
+                WHERE actor_type IN ('agent', 'ai_agent', 'robot');",
+        )
+        .unwrap();
+        drop(conn);
+        let conn = open_writer_connection(dir.path()).unwrap();
+        let names: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'events_agent%'",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(names, ["events_agent_actors"]);
+    }
+
+    #[test]
     fn agents_are_read_through_their_partial_index_with_the_same_answer() {
         use crate::store::NewEvent;
         use crate::store::embedded::{
@@ -899,8 +925,8 @@ mod tests {
             let rows = stmt.query_map(q.params().as_slice(), |r| r.get::<_, String>(3)).unwrap();
             rows.collect::<rusqlite::Result<Vec<_>>>().unwrap().join("; ")
         };
-        assert!(plan(&agents).contains("events_agents"), "{}", plan(&agents));
-        assert!(!plan(&["user".to_owned()]).contains("events_agents"));
+        assert!(plan(&agents).contains("events_agent_actors"), "{}", plan(&agents));
+        assert!(!plan(&["user".to_owned()]).contains("events_agent_actors"));
 
         // The literal term answers as the bound one did.
         let literal = actor_activity(&conn, "ws", range, &agents, None, 10).unwrap();
