@@ -115,6 +115,7 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
             EmbeddedOptions {
                 group_commit_window: config.store.group_commit_window,
                 writer_cache: config.store.writer_cache.as_u64(),
+                ..EmbeddedOptions::default()
             },
         )?),
         StoreKind::Clickhouse => {

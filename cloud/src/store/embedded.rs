@@ -73,14 +73,31 @@ pub struct EmbeddedOptions {
     pub group_commit_window: Duration,
     /// Page cache of the writer connection, in bytes.
     pub writer_cache: u64,
+    /// Size of the write-ahead log past which the writer checkpoints
+    /// between two groups, so that the log restarts ([`DEFAULT_WAL_LIMIT`]).
+    pub wal_limit: u64,
 }
 
 /// The writer's default page cache; why it is this large: docs/storage.md.
 pub const DEFAULT_WRITER_CACHE: u64 = 256 * 1024 * 1024;
 
+/// The write-ahead log's bound. The checkpointer thread copies the log
+/// into the database beside the writer, but SQLite only starts the log
+/// over at a transaction that finds it fully copied, which a writer that
+/// never pauses never does: under sustained single-event ingest the log
+/// grew by 160 MB/s with nothing to stop it short of a full disk. A
+/// checkpoint on the writer, between groups, copies what the checkpointer
+/// has not yet (at most one interval of commits) and lets the next
+/// transaction restart the log from its beginning.
+pub const DEFAULT_WAL_LIMIT: u64 = 64 * 1024 * 1024;
+
 impl Default for EmbeddedOptions {
     fn default() -> Self {
-        EmbeddedOptions { group_commit_window: Duration::ZERO, writer_cache: DEFAULT_WRITER_CACHE }
+        EmbeddedOptions {
+            group_commit_window: Duration::ZERO,
+            writer_cache: DEFAULT_WRITER_CACHE,
+            wal_limit: DEFAULT_WAL_LIMIT,
+        }
     }
 }
 
@@ -91,8 +108,13 @@ impl EmbeddedStore {
         let conn = open_writer(dir, options.writer_cache)?;
         let group_commit_window = options.group_commit_window;
         let path = dir.join(DB_FILE);
-        // Checkpoints move to a thread of their own ([`checkpointer`]).
+        // Checkpoints move to a thread of their own ([`checkpointer`]),
+        // and to the writer's group boundaries once the log outgrows its
+        // limit ([`Writer::bound_wal`]). Past the limit, the log file is
+        // cut back to it when the log restarts.
         conn.pragma_update(None, "wal_autocheckpoint", 0).map_err(Error::internal)?;
+        let wal_limit = i64::try_from(options.wal_limit).unwrap_or(i64::MAX);
+        conn.pragma_update(None, "journal_size_limit", wal_limit).map_err(Error::internal)?;
         let checkpoints = open_checkpointer(&path).map_err(Error::internal)?;
         let (nudge, nudges) = mpsc::sync_channel::<()>(1);
         std::thread::Builder::new()
@@ -107,6 +129,7 @@ impl EmbeddedStore {
             window: group_commit_window,
             checkpoint: nudge,
             search_queued: Arc::clone(&search_queued),
+            wal: (dir.join(format!("{DB_FILE}-wal")), options.wal_limit),
         };
         std::thread::Builder::new()
             .name("store-writer".into())
@@ -490,6 +513,8 @@ struct Writer {
     /// Nudges the checkpointer after each commit.
     checkpoint: mpsc::SyncSender<()>,
     search_queued: Arc<AtomicBool>,
+    /// The log file and the size past which the writer checkpoints.
+    wal: (PathBuf, u64),
 }
 
 impl Writer {
@@ -603,6 +628,24 @@ impl Writer {
         let committed = committed.map(drop);
         for reply in replies {
             reply(committed.as_ref().map_err(classify_ref).copied());
+        }
+        // After the replies: only the next group waits for it.
+        self.bound_wal();
+    }
+
+    /// Checkpoints when the log file has outgrown its limit (see
+    /// [`DEFAULT_WAL_LIMIT`]). No commit can come in between, so unless the
+    /// checkpointer is busy copying (then the next group tries again) or a
+    /// reader still needs old pages, the whole log is copied and the next
+    /// transaction writes from the log's start; when the log restarts,
+    /// `journal_size_limit` cuts the file back to the limit.
+    fn bound_wal(&self) {
+        let (path, limit) = &self.wal;
+        if std::fs::metadata(path).map_or(true, |m| m.len() <= *limit) {
+            return;
+        }
+        if let Err(e) = self.conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "WAL checkpoint on the writer failed");
         }
     }
 }
@@ -1061,5 +1104,58 @@ mod writer_settings {
         assert_eq!(default, (-256 * 1024, 256 * 1024 * 1024));
         let small = EmbeddedOptions { writer_cache: 8 * 1024 * 1024, ..EmbeddedOptions::default() };
         assert_eq!(writer_pragmas(small).await.0, -8 * 1024);
+    }
+}
+
+#[cfg(test)]
+mod wal_bound {
+    use std::sync::Arc;
+
+    use super::{DB_FILE, EmbeddedOptions, EmbeddedStore};
+    use crate::store::{AppendRequest, NewEvent, Store};
+
+    fn request(name: &str) -> AppendRequest {
+        let events = (0..20)
+            .map(|_| NewEvent {
+                id: crate::ids::new_id("evt"),
+                received_at: crate::now_ms(),
+                event: opgraph_proto::Event::named(name),
+            })
+            .collect();
+        AppendRequest { events, idempotency_key: None }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_log_stays_near_its_limit_while_the_writer_never_pauses() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let limit = 256 * 1024;
+        let options = EmbeddedOptions { wal_limit: limit, ..EmbeddedOptions::default() };
+        let store = Arc::new(EmbeddedStore::open(dir.path(), options).expect("open store"));
+        // Eight writers that each send their next request once the last
+        // is answered keep a request waiting at every commit: megabytes
+        // of log, and no pause in which the checkpointer could finish.
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let mut inserted = 0usize;
+                    for _ in 0..60 {
+                        let name = format!("conveyor.{w}.tote_scanned");
+                        inserted += store.append_events("ws", request(&name)).await?.inserted;
+                    }
+                    crate::error::Result::<usize>::Ok(inserted)
+                })
+            })
+            .collect();
+        let mut inserted = 0;
+        for writer in writers {
+            inserted += writer.await.expect("writer task").expect("append");
+        }
+        assert_eq!(inserted, 8 * 60 * 20);
+        let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE}-wal"))).expect("log");
+        // Without the bound: about 18 MB. The slack is for groups committed
+        // while the checkpointer thread held the checkpoint (on a loaded
+        // machine it may be descheduled holding it).
+        assert!(wal.len() <= 16 * limit, "log of {} bytes, limit {limit}", wal.len());
     }
 }
