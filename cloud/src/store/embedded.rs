@@ -1031,6 +1031,39 @@ mod search_queue {
     }
 
     #[tokio::test]
+    async fn idle_attempts_to_index_a_stuck_queue_back_off() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&attempts);
+        store
+            .write(move |conn| {
+                conn.create_scalar_function(
+                    "indexing_attempt",
+                    0,
+                    rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+                    move |_| Ok(counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) as i64),
+                )
+                .map_err(Error::internal)?;
+                // Indexing the queue fails, as on a full disk, and counts.
+                conn.execute_batch(
+                    "CREATE TRIGGER search_queue_stuck BEFORE DELETE ON search_queue
+                     BEGIN SELECT indexing_attempt(); SELECT RAISE(ABORT, 'disk full'); END;",
+                )
+                .map_err(Error::internal)
+            })
+            .await
+            .expect("make the queue stick");
+        store.append_events("ws", events_named("crate.stuck", 1)).await.unwrap();
+        // The passing time is what is under test: every 200 ms this would
+        // be about 11 attempts; doubling waits (0.2, 0.4, 0.8, 1.6 s) make 3.
+        tokio::time::sleep(std::time::Duration::from_millis(2300)).await;
+        let made = attempts.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((1..=5).contains(&made), "{made} attempts in 2.3 s");
+        assert_eq!(indexed_and_queued(&store, "crate").await, (0, 1), "still queued, not lost");
+    }
+
+    #[tokio::test]
     async fn the_writer_indexes_an_idle_queue_by_itself() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
