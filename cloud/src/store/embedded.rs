@@ -1100,6 +1100,34 @@ mod writer_settings {
     }
 
     #[test]
+    fn replaced_indexes_of_an_older_store_are_dropped_on_open() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = super::open_writer_connection(dir.path()).expect("open");
+        conn.execute_batch(
+            "CREATE INDEX events_trace ON events (workspace_id, trace_id, ts);
+             CREATE INDEX events_trace_trigger ON events (workspace_id, trace_id, ts)
+                WHERE event NOT LIKE 'governance.%';
+             DROP INDEX events_agent_actors;
+             CREATE INDEX events_agents ON events (workspace_id, actor_type, actor_id, ts, revenue)
+                WHERE actor_type IN ('agent', 'ai_agent', 'robot');",
+        )
+        .expect("the older store's indexes");
+        drop(conn);
+        let conn = super::open_writer_connection(dir.path()).expect("reopen");
+        let names: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'index'
+                 AND (name LIKE 'events_trace%' OR name LIKE 'events_agent%') ORDER BY name",
+            )
+            .expect("prepare")
+            .query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<rusqlite::Result<_>>()
+            .expect("index names");
+        assert_eq!(names, ["events_agent_actors", "events_trace_kind"]);
+    }
+
+    #[test]
     fn search_segments_merge_sixteen_at_a_time() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let conn = super::open_writer_connection(dir.path()).expect("open");

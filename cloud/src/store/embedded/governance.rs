@@ -595,28 +595,4 @@ mod tests {
             "a seek on the index's governance column, no sort"
         );
     }
-
-    #[test]
-    fn the_two_old_trace_indexes_are_dropped_on_open() {
-        let dir = tempfile::tempdir().unwrap();
-        let conn = open_writer_connection(dir.path()).unwrap();
-        conn.execute_batch(
-            "CREATE INDEX events_trace ON events (workspace_id, trace_id, ts);
-             CREATE INDEX events_trace_trigger ON events (workspace_id, trace_id, ts)
-                WHERE event NOT LIKE 'governance.%';",
-        )
-        .unwrap();
-        drop(conn);
-        let conn = open_writer_connection(dir.path()).unwrap();
-        let names: Vec<String> = conn
-            .prepare(
-                "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'events_trace%'",
-            )
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(names, ["events_trace_kind"]);
-    }
 }

@@ -869,31 +869,6 @@ mod tests {
     }
 
     #[test]
-    fn the_old_agents_index_is_replaced_on_open() {
-        use crate::store::embedded::open_writer_connection;
-        let dir = tempfile::tempdir().unwrap();
-        let conn = open_writer_connection(dir.path()).unwrap();
-        conn.execute_batch(
-            "DROP INDEX events_agent_actors;
-             CREATE INDEX events_agents ON events (workspace_id, actor_type, actor_id, ts, revenue)
-                WHERE actor_type IN ('agent', 'ai_agent', 'robot');",
-        )
-        .unwrap();
-        drop(conn);
-        let conn = open_writer_connection(dir.path()).unwrap();
-        let names: Vec<String> = conn
-            .prepare(
-                "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'events_agent%'",
-            )
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
-        assert_eq!(names, ["events_agent_actors"]);
-    }
-
-    #[test]
     fn agents_are_read_through_their_partial_index_with_the_same_answer() {
         use crate::store::NewEvent;
         use crate::store::embedded::{
