@@ -129,7 +129,11 @@ impl EmbeddedStore {
             window: group_commit_window,
             checkpoint: nudge,
             search_queued: Arc::clone(&search_queued),
-            wal: (dir.join(format!("{DB_FILE}-wal")), options.wal_limit),
+            wal: WalBound {
+                path: dir.join(format!("{DB_FILE}-wal")),
+                limit: options.wal_limit,
+                failing: std::cell::Cell::new(false),
+            },
         };
         std::thread::Builder::new()
             .name("store-writer".into())
@@ -513,8 +517,15 @@ struct Writer {
     /// Nudges the checkpointer after each commit.
     checkpoint: mpsc::SyncSender<()>,
     search_queued: Arc<AtomicBool>,
-    /// The log file and the size past which the writer checkpoints.
-    wal: (PathBuf, u64),
+    wal: WalBound,
+}
+
+/// The log file, the size past which the writer checkpoints, and whether
+/// the last such checkpoint failed (logged once, not at every group).
+struct WalBound {
+    path: PathBuf,
+    limit: u64,
+    failing: std::cell::Cell<bool>,
 }
 
 impl Writer {
@@ -640,12 +651,17 @@ impl Writer {
     /// transaction writes from the log's start; when the log restarts,
     /// `journal_size_limit` cuts the file back to the limit.
     fn bound_wal(&self) {
-        let (path, limit) = &self.wal;
-        if std::fs::metadata(path).map_or(true, |m| m.len() <= *limit) {
+        let wal = &self.wal;
+        if std::fs::metadata(&wal.path).map_or(true, |m| m.len() <= wal.limit) {
             return;
         }
-        if let Err(e) = self.conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "WAL checkpoint on the writer failed");
+        match self.conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            Ok(()) => wal.failing.set(false),
+            Err(e) => {
+                if !wal.failing.replace(true) {
+                    tracing::warn!(error = %e, "WAL checkpoint on the writer failed; retrying");
+                }
+            }
         }
     }
 }
