@@ -175,6 +175,16 @@ impl Shipper {
         self.status.send_modify(f);
     }
 
+    /// Publishes the cloud's acknowledgement. Callers do this before they
+    /// trim the buffer: health reads the two separately, and the other
+    /// order let a drained buffer sit beside an older `last_acked_sequence`
+    /// (seen as a flaky delivery test). The acknowledgement is a fact once
+    /// received, whether or not the trim then succeeds.
+    fn show_acked(&self, acked: u64) {
+        self.metrics.last_acked_sequence.set(i64::try_from(acked).unwrap_or(i64::MAX));
+        self.update(|s| s.last_acked_sequence = acked);
+    }
+
     /// Delivers until `cancel` fires (or the buffer closes), reconnecting
     /// with backoff as needed. Batches in flight at cancellation are
     /// abandoned: they stay in the buffer and go out after the restart.
@@ -295,17 +305,16 @@ impl Shipper {
             );
             self.metrics.uplink_error("acked_beyond_buffer");
         }
+        self.show_acked(acked);
         if let Err(end) = ack_buffer(self.buffer.as_ref(), acked.min(durable_end)).await {
             return end;
         }
         tracing::info!(epoch, acked, "uplink session open");
         self.metrics.uplink_connected.set(1);
-        self.metrics.last_acked_sequence.set(i64::try_from(acked).unwrap_or(i64::MAX));
         self.update(|s| {
             s.state = SessionState::Connected;
             s.connected = true;
             s.epoch = epoch;
-            s.last_acked_sequence = acked;
         });
 
         let c = self.config.clone();
@@ -425,12 +434,13 @@ impl Shipper {
                 }
                 let up_to = ack.acked_sequence.min(highest_sent);
                 if up_to > *acked {
+                    // Shown before the buffer trims (see `show_acked`).
+                    self.show_acked(up_to);
                     if let Err(end) = ack_buffer(self.buffer.as_ref(), up_to).await {
                         return Some(end);
                     }
                     *acked = up_to;
                     *progressed = true;
-                    self.metrics.last_acked_sequence.set(i64::try_from(up_to).unwrap_or(i64::MAX));
                 }
                 while in_flight.front().is_some_and(|f| f.last <= *acked) {
                     in_flight.pop_front();
