@@ -500,6 +500,11 @@ fn backfill_rollups(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
+/// How often the writer deletes expired idempotency keys, and how many at
+/// most per transaction (milliseconds of writer time).
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+const PURGE_BATCH: usize = 5000;
+
 /// How often the writer refreshes the planner's statistics between groups.
 const OPTIMIZE_EVERY: Duration = Duration::from_secs(3600);
 
@@ -531,6 +536,8 @@ struct WalBound {
 impl Writer {
     fn run(self, rx: mpsc::Receiver<Command>) {
         let mut optimized = std::time::Instant::now();
+        // None: due after the first group.
+        let mut purged: Option<std::time::Instant> = None;
         let mut idle = SEARCH_IDLE;
         loop {
             let first = if self.search_queued.load(Ordering::SeqCst) {
@@ -576,6 +583,14 @@ impl Writer {
             // leaves none.
             if !jobs.is_empty() || closing.is_some() {
                 self.group(jobs, closing.is_some());
+            }
+            if purged.is_none_or(|at| at.elapsed() >= PURGE_EVERY) {
+                // A full batch means more may be waiting: again after the
+                // next group, so a backlog drains between groups.
+                purged = match self.purge_expired_keys() {
+                    Some(deleted) if deleted >= PURGE_BATCH => None,
+                    _ => Some(std::time::Instant::now()),
+                };
             }
             if optimized.elapsed() >= OPTIMIZE_EVERY {
                 // Sampled (SQLite bounds the rows it reads), so milliseconds
@@ -642,6 +657,25 @@ impl Writer {
         }
         // After the replies: only the next group waits for it.
         self.bound_wal();
+    }
+
+    /// Deletes a batch of expired idempotency keys in a transaction of its
+    /// own; `None` when it failed (logged).
+    fn purge_expired_keys(&self) -> Option<usize> {
+        let conn = &self.conn;
+        let deleted = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
+            let deleted = events::purge_expired_keys(conn, crate::now_ms(), PURGE_BATCH as i64)?;
+            conn.execute_batch("COMMIT").map(|()| deleted)
+        });
+        match deleted {
+            Ok(deleted) => Some(deleted),
+            Err(e) => {
+                // Harmless when no transaction is open.
+                let _ = conn.execute_batch("ROLLBACK");
+                tracing::warn!(error = %e, "deleting expired idempotency keys failed");
+                None
+            }
+        }
     }
 
     /// Checkpoints when the log file has outgrown its limit (see
@@ -1234,5 +1268,65 @@ mod wal_bound {
         // while the checkpointer thread held the checkpoint (on a loaded
         // machine it may be descheduled holding it).
         assert!(wal.len() <= 16 * limit, "log of {} bytes, limit {limit}", wal.len());
+    }
+}
+
+#[cfg(test)]
+mod idempotency_keys {
+    use super::{EmbeddedOptions, EmbeddedStore, Error, PURGE_BATCH};
+    use crate::store::{AppendRequest, IDEMPOTENCY_WINDOW_MS, NewEvent, Store};
+
+    fn keyed(key: &str) -> AppendRequest {
+        let event = NewEvent {
+            id: crate::ids::new_id("evt"),
+            received_at: crate::now_ms(),
+            event: opgraph_proto::Event::named("label.printed"),
+        };
+        AppendRequest { events: vec![event], idempotency_key: Some(key.to_owned()) }
+    }
+
+    #[tokio::test]
+    async fn expired_keys_are_deleted_in_batches_and_live_ones_still_answer() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let expired = i64::try_from(PURGE_BATCH).expect("small") + 1000;
+        let now = crate::now_ms();
+        store
+            .write(move |conn| {
+                conn.execute(
+                    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+                     INSERT INTO idempotency_keys (workspace_id, key, response, created_at)
+                     SELECT 'ws', 'old-' || i, '[\"evt_old\"]', ?2 FROM n",
+                    rusqlite::params![expired, now - IDEMPOTENCY_WINDOW_MS - 60_000],
+                )
+                .map_err(Error::internal)?;
+                conn.execute(
+                    "INSERT INTO idempotency_keys (workspace_id, key, response, created_at)
+                     VALUES ('ws', 'live', '[\"evt_live\"]', ?1)",
+                    [now - 3_600_000],
+                )
+                .map_err(Error::internal)
+            })
+            .await
+            .expect("keys of yesterday and of an hour ago");
+        // The writer deletes one batch after each group while a batch comes
+        // back full: these two groups give it the turns it needs.
+        let replay = store.append_events("ws", keyed("live")).await.expect("replay");
+        store.append_events("ws", keyed("new")).await.expect("append");
+        assert_eq!((replay.ids, replay.inserted), (vec!["evt_live".to_owned()], 0));
+        let keys: Vec<String> = store
+            .read(|conn| {
+                let mut stmt = conn
+                    .prepare("SELECT key FROM idempotency_keys ORDER BY key")
+                    .map_err(Error::internal)?;
+                let keys = stmt
+                    .query_map([], |r| r.get(0))
+                    .and_then(Iterator::collect)
+                    .map_err(Error::internal)?;
+                Ok(keys)
+            })
+            .await
+            .expect("read the keys");
+        assert_eq!(keys, ["live", "new"]);
     }
 }

@@ -273,6 +273,23 @@ pub(super) fn append(
     Ok(AppendResult { ids, inserted })
 }
 
+/// Keys past [`IDEMPOTENCY_WINDOW_MS`] answer nothing any more (a retry
+/// then stores anew and overwrites them), but nothing else removed them:
+/// the table grew by a row per keyed request, forever. Deletes at most
+/// `limit` of them, oldest first; answers how many it deleted.
+pub(super) fn purge_expired_keys(
+    conn: &Connection,
+    now: i64,
+    limit: i64,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "DELETE FROM idempotency_keys WHERE (workspace_id, key) IN (
+            SELECT workspace_id, key FROM idempotency_keys
+            WHERE created_at < ?1 ORDER BY created_at LIMIT ?2)",
+    )?
+    .execute(params![now - IDEMPOTENCY_WINDOW_MS, limit])
+}
+
 /// The per-connection queues written by [`append`] and emptied by
 /// [`flush_pending`] just before the transaction commits. A request rolled
 /// back to its savepoint takes its queued entries with it.

@@ -167,6 +167,9 @@ CREATE TABLE IF NOT EXISTS idempotency_keys (
     created_at   INTEGER NOT NULL,
     PRIMARY KEY (workspace_id, key)
 ) WITHOUT ROWID;
+-- Keys past the 24-hour window are deleted oldest first, a bounded batch
+-- at a time (`events::purge_expired_keys`).
+CREATE INDEX IF NOT EXISTS idempotency_keys_created ON idempotency_keys (created_at);
 
 CREATE TABLE IF NOT EXISTS usage_daily (
     workspace_id    TEXT NOT NULL,
