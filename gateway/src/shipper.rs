@@ -450,10 +450,9 @@ impl Shipper {
                 if !ack.error.is_empty() {
                     tracing::warn!(error = %ack.error, "the cloud skipped events of a batch");
                 }
-                let (n, a, p) = (in_flight.len(), *acked, *progressed);
+                let (n, p) = (in_flight.len(), *progressed);
                 self.update(|s| {
                     s.in_flight_batches = n;
-                    s.last_acked_sequence = a;
                     if p {
                         s.last_error = None;
                         s.consecutive_failures = 0;

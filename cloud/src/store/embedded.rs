@@ -313,22 +313,21 @@ pub fn append_in_transaction(
     rows: PreparedEvents,
     idempotency_key: Option<&str>,
 ) -> Result<AppendResult> {
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
-    let appended = events::append(conn, workspace_id, rows.0, idempotency_key)
-        .and_then(|result| events::flush_pending(conn, true).map(|_| result).map_err(sql));
-    match appended {
-        Ok(result) => {
-            if let Err(e) = conn.execute_batch("COMMIT") {
-                let _ = conn.execute_batch("ROLLBACK");
-                return Err(sql(e));
-            }
-            Ok(result)
-        }
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
+    in_transaction(conn, |conn| {
+        let appended = events::append(conn, workspace_id, rows.0, idempotency_key)?;
+        events::flush_pending(conn, true).map_err(sql)?;
+        Ok(appended)
+    })
+}
+
+/// Runs `f` in an immediate transaction of its own: committed when `f`
+/// succeeds, rolled back (when the transaction is dropped) when it fails.
+fn in_transaction<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
+        .map_err(sql)?;
+    let value = f(&tx)?;
+    tx.commit().map_err(sql)?;
+    Ok(value)
 }
 
 /// Segments per level before FTS5 merges them (see [`migrate`]).
@@ -662,16 +661,12 @@ impl Writer {
     /// Deletes a batch of expired idempotency keys in a transaction of its
     /// own; `None` when it failed (logged).
     fn purge_expired_keys(&self) -> Option<usize> {
-        let conn = &self.conn;
-        let deleted = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
-            let deleted = events::purge_expired_keys(conn, crate::now_ms(), PURGE_BATCH as i64)?;
-            conn.execute_batch("COMMIT").map(|()| deleted)
+        let deleted = in_transaction(&self.conn, |conn| {
+            events::purge_expired_keys(conn, crate::now_ms(), PURGE_BATCH as i64).map_err(sql)
         });
         match deleted {
             Ok(deleted) => Some(deleted),
             Err(e) => {
-                // Harmless when no transaction is open.
-                let _ = conn.execute_batch("ROLLBACK");
                 tracing::warn!(error = %e, "deleting expired idempotency keys failed");
                 None
             }
@@ -950,6 +945,16 @@ impl Store for EmbeddedStore {
     }
 }
 
+/// An event named `name`, received now: what the store's tests append.
+#[cfg(test)]
+fn test_event(name: &str) -> NewEvent {
+    NewEvent {
+        id: crate::ids::new_id("evt"),
+        received_at: crate::now_ms(),
+        event: opgraph_proto::Event::named(name),
+    }
+}
+
 #[cfg(test)]
 mod conformance {
     use super::{EmbeddedOptions, EmbeddedStore};
@@ -967,17 +972,9 @@ mod conformance {
 
 #[cfg(test)]
 mod search_queue {
-    use super::{EmbeddedOptions, EmbeddedStore, Error, events};
+    use super::{EmbeddedOptions, EmbeddedStore, Error, events, test_event as event};
     use crate::store::queries::{QueryStore, SearchQuery};
-    use crate::store::{AppendRequest, NewEvent, Store};
-
-    fn event(name: &str) -> NewEvent {
-        NewEvent {
-            id: crate::ids::new_id("evt"),
-            received_at: crate::now_ms(),
-            event: opgraph_proto::Event::named(name),
-        }
-    }
+    use crate::store::{AppendRequest, Store};
 
     fn query(text: &str) -> SearchQuery {
         SearchQuery { text: text.into(), range: None, event: None, business_id: None, limit: 10 }
@@ -1222,17 +1219,11 @@ mod writer_settings {
 mod wal_bound {
     use std::sync::Arc;
 
-    use super::{DB_FILE, EmbeddedOptions, EmbeddedStore};
-    use crate::store::{AppendRequest, NewEvent, Store};
+    use super::{DB_FILE, EmbeddedOptions, EmbeddedStore, test_event};
+    use crate::store::{AppendRequest, Store};
 
     fn request(name: &str) -> AppendRequest {
-        let events = (0..20)
-            .map(|_| NewEvent {
-                id: crate::ids::new_id("evt"),
-                received_at: crate::now_ms(),
-                event: opgraph_proto::Event::named(name),
-            })
-            .collect();
+        let events = (0..20).map(|_| test_event(name)).collect();
         AppendRequest { events, idempotency_key: None }
     }
 
@@ -1273,16 +1264,12 @@ mod wal_bound {
 
 #[cfg(test)]
 mod idempotency_keys {
-    use super::{EmbeddedOptions, EmbeddedStore, Error, PURGE_BATCH};
-    use crate::store::{AppendRequest, IDEMPOTENCY_WINDOW_MS, NewEvent, Store};
+    use super::{EmbeddedOptions, EmbeddedStore, Error, PURGE_BATCH, test_event};
+    use crate::store::{AppendRequest, IDEMPOTENCY_WINDOW_MS, Store};
 
     fn keyed(key: &str) -> AppendRequest {
-        let event = NewEvent {
-            id: crate::ids::new_id("evt"),
-            received_at: crate::now_ms(),
-            event: opgraph_proto::Event::named("label.printed"),
-        };
-        AppendRequest { events: vec![event], idempotency_key: Some(key.to_owned()) }
+        let events = vec![test_event("label.printed")];
+        AppendRequest { events, idempotency_key: Some(key.to_owned()) }
     }
 
     #[tokio::test]
