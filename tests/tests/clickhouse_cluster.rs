@@ -144,6 +144,13 @@ async fn events_spread_over_shards_and_replicas_and_answers_stay_exact() {
     let _one = ONE_CLUSTER.lock().await;
     let (cluster, cloud) = start().await;
     let now = opgraph_tests_now_ms();
+    // An idempotency key long expired, on one shard: the first keyed
+    // request below has the cloud delete it on every shard.
+    let expired = format!(
+        "INSERT INTO {DATABASE}.idempotency_keys_local (workspace_id, key, response, created_at)
+         VALUES ('ws_expired', 'expired', '[]', 1)"
+    );
+    query(&cluster.nodes[0][0], &expired).await;
 
     // Over HTTP: two requests, one of them sent twice with its
     // Idempotency-Key, and a client retry by messageId.
@@ -237,6 +244,19 @@ async fn events_spread_over_shards_and_replicas_and_answers_stay_exact() {
     assert_eq!(by_name("page.view").unwrap()["count"], 150);
     assert_eq!(by_name("tote.moved").unwrap()["count"], GATEWAY_EVENTS);
     assert_eq!(metrics["totalRevenue"], 300.0);
+
+    // The expired key goes (a mutation the server applies in the
+    // background, so its rows are the only sign), the two live ones stay.
+    let keys = format!(
+        "SELECT groupArray(key) FROM (SELECT DISTINCT key FROM {DATABASE}.idempotency_keys ORDER BY key)"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut stored = query(cluster.entry(), &keys).await;
+    while stored.contains("expired") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        stored = query(cluster.entry(), &keys).await;
+    }
+    assert_eq!(stored, "['part-0','part-1']");
 }
 
 #[tokio::test]

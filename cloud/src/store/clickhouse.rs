@@ -33,7 +33,7 @@ mod trackables;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,6 +99,9 @@ pub struct ClickHouseStore {
     /// inserts into one table must not overlap on ClickHouse 18.16).
     table_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     sessions: gateway::KnownSessions,
+    /// When this process last asked for expired idempotency keys to be
+    /// deleted (ms; 0 = not yet): see `events::purge_expired_keys`.
+    keys_purged_at: AtomicI64,
 }
 
 /// The client and, on a replicated cluster, the table's insert lock.
@@ -597,7 +600,17 @@ impl ClickHouseStore {
             cluster,
             table_locks: Mutex::new(HashMap::new()),
             sessions: gateway::KnownSessions::default(),
+            keys_purged_at: AtomicI64::new(0),
         })
+    }
+
+    /// What `ALTER TABLE ... DELETE` names to delete rows of `table`: on a
+    /// cluster its local tables (a Distributed table takes no mutation).
+    fn mutation_target(&self, table: &str) -> String {
+        match &self.cluster {
+            Some(cluster) => cluster.local_table(table),
+            None => table.to_owned(),
+        }
     }
 
     /// The lock that serializes check-then-write calls for `scope` (a

@@ -5,6 +5,7 @@
 //! beside `revenue`.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 
 use clickhouse::Row;
 use opgraph_proto::Party;
@@ -480,8 +481,45 @@ pub(super) async fn append(
         let response = serde_json::to_string(&ids).map_err(Error::internal)?;
         let row = IdempotencyRow { workspace_id: ws, key, response: &response, created_at: now };
         store.insert_rows::<IdempotencyRow<'_>>("idempotency_keys", &[row]).await?;
+        purge_expired_keys(store, now);
     }
     Ok(AppendResult { ids, inserted })
+}
+
+/// How often a process asks ClickHouse to delete expired idempotency keys:
+/// the table then holds at most this much more than the window's keys.
+const KEY_PURGE_EVERY_MS: i64 = 60 * 60 * 1000;
+
+/// Deletes the idempotency keys past [`IDEMPOTENCY_WINDOW_MS`] (they answer
+/// nothing any more) when this process has not asked for it in the last
+/// [`KEY_PURGE_EVERY_MS`]; called after a keyed append, so a store that
+/// takes no keys never pays for it. 18.16 has no TTL, so this is an `ALTER
+/// TABLE ... DELETE` mutation: the server applies it in the background by
+/// rewriting the table's parts, which is why it runs hourly rather than
+/// per request. It runs on its own task: the request that triggers it does
+/// not wait, and a failure is logged and retried an interval later.
+fn purge_expired_keys(store: &ClickHouseStore, now: i64) {
+    let last = store.keys_purged_at.load(Ordering::Relaxed);
+    if now - last < KEY_PURGE_EVERY_MS
+        || store
+            .keys_purged_at
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    let delete = format!(
+        "ALTER TABLE {} DELETE WHERE created_at < {}",
+        store.mutation_target("idempotency_keys"),
+        now - IDEMPOTENCY_WINDOW_MS
+    );
+    let client = store.client.clone();
+    tokio::spawn(async move {
+        match run(client.query(&delete).sent().execute()).await {
+            Ok(()) => tracing::debug!("asked ClickHouse to delete expired idempotency keys"),
+            Err(err) => tracing::warn!(error = %err, "deleting expired idempotency keys failed"),
+        }
+    });
 }
 
 /// Newest first, ties in insertion order (newest first too), as on the
@@ -532,4 +570,70 @@ pub(super) async fn list(
             Ok(StoredEvent { id: r.id, received_at: r.received_at, envelope })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::store::Store;
+
+    async fn stored_keys(store: &ClickHouseStore) -> Vec<String> {
+        store
+            .client
+            .query("SELECT key FROM idempotency_keys ORDER BY key")
+            .fetch_all()
+            .await
+            .expect("read idempotency keys")
+    }
+
+    /// Two keys from yesterday and one from an hour ago are stored; a keyed
+    /// append (the first of this process) has the expired two deleted,
+    /// while the live one still answers its replay.
+    #[tokio::test]
+    async fn a_keyed_append_has_expired_keys_deleted() {
+        let (store, _server) = crate::store::clickhouse::tests::open().await;
+        let now = crate::now_ms();
+        let yesterday = now - IDEMPOTENCY_WINDOW_MS - 60_000;
+        let rows = [
+            ("expired-1", yesterday, r#"["evt_old1"]"#),
+            ("expired-2", yesterday, r#"["evt_old2"]"#),
+            ("live", now - 3_600_000, r#"["evt_live"]"#),
+        ]
+        .map(|(key, created_at, response)| IdempotencyRow {
+            workspace_id: "ws",
+            key,
+            response,
+            created_at,
+        });
+        store.insert_rows::<IdempotencyRow<'_>>("idempotency_keys", &rows).await.unwrap();
+
+        let event = |id: &str| {
+            let event =
+                opgraph_proto::Event::parse_json(&serde_json::json!({"event": "pallet.scanned"}))
+                    .expect("event");
+            NewEvent { id: id.into(), received_at: now, event }
+        };
+        let fresh =
+            AppendRequest { events: vec![event("evt_new")], idempotency_key: Some("fresh".into()) };
+        store.append_events("ws", fresh).await.unwrap();
+
+        // ClickHouse applies the mutation in the background; nothing
+        // announces its end but the rows themselves.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut keys = stored_keys(&store).await;
+        while keys.len() > 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            keys = stored_keys(&store).await;
+        }
+        assert_eq!(keys, ["fresh", "live"]);
+
+        let replay = AppendRequest {
+            events: vec![event("evt_other")],
+            idempotency_key: Some("live".into()),
+        };
+        let answer = store.append_events("ws", replay).await.unwrap();
+        assert_eq!((answer.ids, answer.inserted), (vec!["evt_live".to_owned()], 0));
+    }
 }
