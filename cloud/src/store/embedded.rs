@@ -10,7 +10,9 @@
 //!
 //! Reads use a small pool of read-only connections on blocking threads; WAL
 //! lets them run beside the writer, and so does a checkpointer thread that
-//! copies committed WAL pages into the database file.
+//! copies committed WAL pages into the database file. The search index is a
+//! database of its own that a third thread keeps up with the events
+//! ([`search`]).
 
 mod connectors;
 mod events;
@@ -18,10 +20,10 @@ mod gateway;
 mod governance;
 mod journeys;
 mod queries;
+mod search;
 mod trackables;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -58,10 +60,7 @@ pub struct EmbeddedStore {
     path: PathBuf,
     writer: Mutex<Option<mpsc::SyncSender<Command>>>,
     readers: Arc<Mutex<Vec<Connection>>>,
-    /// Whether search entries may be queued, not yet indexed; the writer
-    /// clears it only after a commit that left none. True is always safe
-    /// (a search then asks the writer to index the queue first).
-    search_queued: Arc<AtomicBool>,
+    search: search::SearchIndex,
     /// Held, never read: the data directory is this process's ([`create_and_lock_dir`]).
     _dir_lock: Option<std::fs::File>,
 }
@@ -76,6 +75,10 @@ pub struct EmbeddedOptions {
     /// Size of the write-ahead log past which the writer checkpoints
     /// between two groups, so that the log restarts ([`DEFAULT_WAL_LIMIT`]).
     pub wal_limit: u64,
+    /// How long a search waits for the search index to reach the events
+    /// stored when it began, before it answers without the rest
+    /// ([`DEFAULT_SEARCH_WAIT`]).
+    pub search_wait: Duration,
 }
 
 /// The writer's default page cache; why it is this large: docs/storage.md.
@@ -91,12 +94,18 @@ pub const DEFAULT_WRITER_CACHE: u64 = 256 * 1024 * 1024;
 /// transaction restart the log from its beginning.
 pub const DEFAULT_WAL_LIMIT: u64 = 64 * 1024 * 1024;
 
+/// Long enough for the index to catch up with any burst of ingest; it is
+/// only reached when the index cannot be written, or while it is being
+/// built for a store that had none (an upgrade, a restored store).
+pub const DEFAULT_SEARCH_WAIT: Duration = Duration::from_secs(10);
+
 impl Default for EmbeddedOptions {
     fn default() -> Self {
         EmbeddedOptions {
             group_commit_window: Duration::ZERO,
             writer_cache: DEFAULT_WRITER_CACHE,
             wal_limit: DEFAULT_WAL_LIMIT,
+            search_wait: DEFAULT_SEARCH_WAIT,
         }
     }
 }
@@ -121,14 +130,13 @@ impl EmbeddedStore {
             .name("store-checkpoint".into())
             .spawn(move || checkpointer(checkpoints, nudges))
             .map_err(Error::internal)?;
+        let (search, index_nudge) = search::SearchIndex::start(&path, options.search_wait)?;
         let (tx, rx) = mpsc::sync_channel::<Command>(4096);
-        // A previous run may have left entries queued.
-        let search_queued = Arc::new(AtomicBool::new(true));
         let writer = Writer {
             conn,
             window: group_commit_window,
             checkpoint: nudge,
-            search_queued: Arc::clone(&search_queued),
+            search: index_nudge,
             wal: WalBound {
                 path: dir.join(format!("{DB_FILE}-wal")),
                 limit: options.wal_limit,
@@ -143,7 +151,7 @@ impl EmbeddedStore {
             path,
             writer: Mutex::new(Some(tx)),
             readers: Arc::new(Mutex::new(Vec::new())),
-            search_queued,
+            search,
             _dir_lock: dir_lock,
         })
     }
@@ -191,12 +199,12 @@ impl EmbeddedStore {
         rx.await.map_err(|_| Error::internal("store writer stopped"))?
     }
 
-    /// Indexes the queued search entries, if there may be any, so that a
-    /// search that starts now finds every event acknowledged before it.
-    async fn index_queued_search(&self) -> Result<()> {
-        if self.search_queued.load(Ordering::SeqCst) {
-            self.write(|conn| events::flush_search(conn).map_err(sql)).await?;
-        }
+    /// Waits until the search index has reached every event (and removal)
+    /// committed now, so that a search that starts next finds every event
+    /// acknowledged before it; at most [`EmbeddedOptions::search_wait`].
+    async fn wait_for_search_index(&self) -> Result<()> {
+        let target = self.read(|conn| search::target(conn).map_err(sql)).await?;
+        self.search.wait(target).await;
         Ok(())
     }
 
@@ -211,7 +219,9 @@ impl EmbeddedStore {
             let pooled = pool.lock().map_err(|_| Error::internal("pool poisoned"))?.pop();
             let conn = match pooled {
                 Some(conn) => conn,
-                None => open_reader(&path).map_err(Error::internal)?,
+                None => open_reader(&path)
+                    .and_then(|conn| search::attach(&conn, &path).map(|()| conn))
+                    .map_err(Error::internal)?,
             };
             let result = f(&conn);
             if let Ok(mut pool) = pool.lock()
@@ -265,6 +275,7 @@ fn create_and_lock_dir(dir: &Path) -> Result<Option<std::fs::File>> {
 /// data directory's lock for as long as it lives.
 pub struct WriterConnection {
     conn: Connection,
+    path: PathBuf,
     _dir_lock: Option<std::fs::File>,
 }
 
@@ -286,7 +297,11 @@ impl std::ops::Deref for WriterConnection {
 /// store's by default.
 pub fn open_writer_connection(dir: &Path) -> Result<WriterConnection> {
     let dir_lock = create_and_lock_dir(dir)?;
-    Ok(WriterConnection { conn: open_writer(dir, DEFAULT_WRITER_CACHE)?, _dir_lock: dir_lock })
+    Ok(WriterConnection {
+        conn: open_writer(dir, DEFAULT_WRITER_CACHE)?,
+        path: dir.join(DB_FILE),
+        _dir_lock: dir_lock,
+    })
 }
 
 /// [`open_writer_connection`] with a page cache of `cache` bytes, for a
@@ -305,8 +320,9 @@ fn open_writer(dir: &Path, cache: u64) -> Result<Connection> {
 }
 
 /// Writes prepared events in one transaction of their own with the same
-/// statements as [`Store::append_events`] (event rows, search index,
-/// rollups, entities, usage), committed durably before returning.
+/// statements as [`Store::append_events`] (event rows, rollups, entities,
+/// usage), committed durably before returning. The search index follows
+/// when a store opens on the directory, or through [`build_search_index`].
 pub fn append_in_transaction(
     conn: &Connection,
     workspace_id: &str,
@@ -315,9 +331,19 @@ pub fn append_in_transaction(
 ) -> Result<AppendResult> {
     in_transaction(conn, |conn| {
         let appended = events::append(conn, workspace_id, rows.0, idempotency_key)?;
-        events::flush_pending(conn, true).map_err(sql)?;
+        events::flush_pending(conn).map_err(sql)?;
         Ok(appended)
     })
+}
+
+/// Indexes for search, on the calling thread, every event of the store
+/// that `conn` writes that its search index has not reached: for tools that
+/// write a store through [`open_writer_connection`], so that a store they
+/// made opens with its index built (the connection's directory lock keeps
+/// a cloud's indexer away meanwhile). `progress` gets the number indexed so
+/// far after each transaction. Answers how many events it indexed.
+pub fn build_search_index(conn: &WriterConnection, progress: impl FnMut(u64)) -> Result<u64> {
+    search::build(&conn.path, progress)
 }
 
 /// Runs `f` in an immediate transaction of its own: committed when `f`
@@ -432,18 +458,19 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             );
         }
     }
+    // The search index moved to a database of its own (`search`), which
+    // builds itself from the events.
+    for table in ["events_fts", "search_queue"] {
+        let present: i64 =
+            conn.query_row("SELECT count(*) FROM sqlite_master WHERE name = ?1", [table], |r| {
+                r.get(0)
+            })?;
+        if present > 0 {
+            tracing::info!("dropping {table}: search is indexed in search.db now");
+            conn.execute_batch(&format!("DROP TABLE {table}"))?;
+        }
+    }
     conn.execute_batch(SCHEMA)?;
-    // FTS5 merges a level's segments once `automerge` of them exist. Its
-    // default of 4 made merging 40 % of the writer's time under gateway
-    // load (a new segment every group commit); at 16, the most it allows,
-    // each entry is rewritten about half as often. A search reads a few
-    // more segments per trigram, a seek each: microseconds against the
-    // doclists it reads anyway. Stored in the table's config, so an
-    // existing store takes it on open.
-    conn.execute(
-        "INSERT INTO events_fts (events_fts, rank) VALUES ('automerge', ?1)",
-        [FTS_AUTOMERGE],
-    )?;
     backfill_rollups(conn)?;
     let current: Option<i64> =
         conn.query_row("SELECT max(version) FROM schema_version", [], |r| r.get(0))?;
@@ -507,12 +534,6 @@ const PURGE_BATCH: usize = 5000;
 /// How often the writer refreshes the planner's statistics between groups.
 const OPTIMIZE_EVERY: Duration = Duration::from_secs(3600);
 
-/// How long the writer waits for more writes before it indexes queued
-/// search entries on its own ([`events::SEARCH_BATCH`]).
-const SEARCH_IDLE: Duration = Duration::from_millis(200);
-/// The longest wait between idle attempts that keep failing.
-const SEARCH_IDLE_MAX: Duration = Duration::from_secs(10);
-
 /// The writer thread's connection and what it tells the rest of the store.
 struct Writer {
     conn: Connection,
@@ -520,7 +541,8 @@ struct Writer {
     window: Duration,
     /// Nudges the checkpointer after each commit.
     checkpoint: mpsc::SyncSender<()>,
-    search_queued: Arc<AtomicBool>,
+    /// Nudges the search indexer after each commit.
+    search: search::Nudge,
     wal: WalBound,
 }
 
@@ -537,31 +559,8 @@ impl Writer {
         let mut optimized = std::time::Instant::now();
         // None: due after the first group.
         let mut purged: Option<std::time::Instant> = None;
-        let mut idle = SEARCH_IDLE;
         loop {
-            let first = if self.search_queued.load(Ordering::SeqCst) {
-                match rx.recv_timeout(idle) {
-                    Ok(command) => command,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        self.group(Vec::new(), true);
-                        // Still queued: indexing failed (a full disk, say),
-                        // and was logged; try, and log, less often.
-                        idle = if self.search_queued.load(Ordering::SeqCst) {
-                            (idle * 2).min(SEARCH_IDLE_MAX)
-                        } else {
-                            SEARCH_IDLE
-                        };
-                        continue;
-                    }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                }
-            } else {
-                idle = SEARCH_IDLE;
-                match rx.recv() {
-                    Ok(command) => command,
-                    Err(_) => return,
-                }
-            };
+            let Ok(first) = rx.recv() else { return };
             let mut jobs = Vec::new();
             let mut closing = None;
             match first {
@@ -578,10 +577,8 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            // Closing: index the queue too, so that a store closed cleanly
-            // leaves none.
-            if !jobs.is_empty() || closing.is_some() {
-                self.group(jobs, closing.is_some());
+            if !jobs.is_empty() {
+                self.group(jobs);
             }
             if purged.is_none_or(|at| at.elapsed() >= PURGE_EVERY) {
                 // A full batch means more may be waiting: again after the
@@ -610,10 +607,9 @@ impl Writer {
     }
 
     /// One transaction for the whole group, one savepoint per job; the
-    /// actor bounds the jobs queued are written once, at the end, and so
-    /// are their search entries once enough are queued (or with
-    /// `all_search`): [`events::flush_pending`].
-    fn group(&self, jobs: Vec<Job>, all_search: bool) {
+    /// actor bounds the jobs queued are written once, at the end
+    /// ([`events::flush_pending`]).
+    fn group(&self, jobs: Vec<Job>) {
         let conn = &self.conn;
         if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
             tracing::error!(error = %e, "store transaction could not begin");
@@ -639,18 +635,14 @@ impl Writer {
             }
             replies.push(reply);
         }
-        let committed = events::flush_pending(conn, all_search)
-            .and_then(|queued| conn.execute_batch("COMMIT").map(|()| queued));
+        let committed = events::flush_pending(conn).and_then(|()| conn.execute_batch("COMMIT"));
         if let Err(e) = &committed {
             tracing::error!(error = %e, "commit failed; the group is rolled back");
             let _ = conn.execute_batch("ROLLBACK");
         }
-        // Before the replies: a caller that searches after its answer must
-        // find the flag set while its entry is queued.
-        self.search_queued.store(*committed.as_ref().unwrap_or(&true), Ordering::SeqCst);
         // Full means a nudge is already pending.
         let _ = self.checkpoint.try_send(());
-        let committed = committed.map(drop);
+        self.search.committed();
         for reply in replies {
             reply(committed.as_ref().map_err(classify_ref).copied());
         }
@@ -971,8 +963,10 @@ mod conformance {
 }
 
 #[cfg(test)]
-mod search_queue {
-    use super::{EmbeddedOptions, EmbeddedStore, Error, events, test_event as event};
+mod search_index {
+    use std::time::Duration;
+
+    use super::{EmbeddedOptions, EmbeddedStore, Error, search, test_event as event};
     use crate::store::queries::{QueryStore, SearchQuery};
     use crate::store::{AppendRequest, Store};
 
@@ -980,149 +974,177 @@ mod search_queue {
         SearchQuery { text: text.into(), range: None, event: None, business_id: None, limit: 10 }
     }
 
-    /// (entries in `events_fts` matching `text`, entries queued)
-    async fn indexed_and_queued(store: &EmbeddedStore, text: &'static str) -> (i64, i64) {
-        store
-            .read(move |conn| {
-                let count = |q: &str| {
-                    conn.query_row(q, [text], |r| r.get::<_, i64>(0)).map_err(Error::internal)
-                };
-                Ok((
-                    count("SELECT count(*) FROM events_fts WHERE body MATCH ?1")?,
-                    count("SELECT count(*) FROM search_queue WHERE ?1 IS NOT NULL")?,
-                ))
-            })
-            .await
-            .expect("read the index and the queue")
-    }
-
-    #[tokio::test]
-    async fn a_search_indexes_the_queue_first_and_finds_every_acknowledged_event() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        let request = AppendRequest { events: vec![event("tote.scanned")], idempotency_key: None };
-        store.append_events("ws", request).await.expect("append");
-        // Acknowledged, queued, not yet in the index.
-        assert_eq!(indexed_and_queued(&store, "tote").await, (0, 1));
-        let found = store.search_events("ws", &query("tote")).await.expect("search");
-        assert_eq!(found.total, 1);
-        assert_eq!(indexed_and_queued(&store, "tote").await, (1, 0));
-    }
-
-    #[tokio::test]
-    async fn queued_entries_outlive_a_crash() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        {
-            // Committed with its entry queued, then the process is gone:
-            // no flush, no close.
-            let conn = super::open_writer_connection(dir.path()).expect("open");
-            conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
-            let rows = events::prepare_rows(vec![event("pallet.wrapped")]);
-            events::append(&conn, "ws", rows, None).expect("append");
-            assert!(events::flush_pending(&conn, false).expect("flush"), "left queued");
-            conn.execute_batch("COMMIT").expect("commit");
-        }
-        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
-        assert_eq!(indexed_and_queued(&store, "pallet").await, (0, 1));
-        let found = store.search_events("ws", &query("wrapped")).await.expect("search");
-        assert_eq!(found.total, 1);
-    }
-
-    fn events_named(name: &str, n: i64) -> AppendRequest {
+    fn events_named(name: &str, n: usize) -> AppendRequest {
         let events = (0..n).map(|_| event(name)).collect();
         AppendRequest { events, idempotency_key: None }
     }
 
+    /// Entries in the index matching `text`, read without waiting for it.
+    async fn indexed(store: &EmbeddedStore, text: &'static str) -> i64 {
+        store
+            .read(move |conn| {
+                conn.query_row(
+                    "SELECT count(*) FROM search.events_fts WHERE body MATCH ?1",
+                    [text],
+                    |r| r.get(0),
+                )
+                .map_err(Error::internal)
+            })
+            .await
+            .expect("read the index")
+    }
+
+    /// Makes every index transaction fail, as a full disk would, until
+    /// [`unstick`] (the trigger lives in the index's own file).
+    fn stick(dir: &std::path::Path) {
+        let conn = rusqlite::Connection::open(dir.join(search::SEARCH_FILE)).expect("open index");
+        conn.pragma_update(None, "busy_timeout", 5000).expect("busy timeout");
+        conn.execute_batch(
+            "CREATE TRIGGER stuck BEFORE UPDATE ON progress
+             BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+        )
+        .expect("make the index stick");
+    }
+
+    fn unstick(dir: &std::path::Path) {
+        let conn = rusqlite::Connection::open(dir.join(search::SEARCH_FILE)).expect("open index");
+        conn.pragma_update(None, "busy_timeout", 5000).expect("busy timeout");
+        conn.execute_batch("DROP TRIGGER stuck").expect("unstick the index");
+    }
+
     #[tokio::test]
-    async fn large_groups_are_indexed_at_once_and_small_ones_once_enough_are_queued() {
+    async fn a_search_right_after_an_acknowledgement_finds_every_event() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        store
-            .append_events("ws", events_named("crate.counted", events::SEARCH_DIRECT))
-            .await
-            .unwrap();
-        assert_eq!(indexed_and_queued(&store, "crate").await, (events::SEARCH_DIRECT, 0));
-        // Small groups queue until SEARCH_BATCH entries wait.
-        let small = events::SEARCH_DIRECT - 1;
-        let groups = events::SEARCH_BATCH / small;
-        for _ in 0..groups {
-            store.append_events("ws", events_named("tote.counted", small)).await.unwrap();
-        }
-        assert_eq!(indexed_and_queued(&store, "tote").await, (0, groups * small));
-        store.append_events("ws", events_named("tote.counted", small)).await.unwrap();
-        assert_eq!(indexed_and_queued(&store, "tote").await, ((groups + 1) * small, 0));
+        // More than one index transaction's worth: a search that did not
+        // wait for the index would see a part of them.
+        store.append_events("ws", events_named("tote.scanned", 5000)).await.expect("append");
+        let found = store.search_events("ws", &query("tote")).await.expect("search");
+        assert_eq!(found.total, 5000);
         store.close().await.expect("close");
     }
 
     #[tokio::test]
-    async fn a_search_still_answers_when_the_queue_cannot_be_indexed() {
+    async fn a_store_written_without_its_index_is_indexed_on_open() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        {
+            // A tool (or a cloud killed before its indexer ran) committed
+            // events the index never saw.
+            let conn = super::open_writer_connection(dir.path()).expect("open");
+            let rows = super::prepare_events(vec![event("pallet.wrapped")]);
+            super::append_in_transaction(&conn, "ws", rows, None).expect("append");
+        }
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
+        let found = store.search_events("ws", &query("wrapped")).await.expect("search");
+        assert_eq!(found.total, 1);
+    }
+
+    #[test]
+    fn a_tool_builds_the_index_of_the_store_it_wrote() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = super::open_writer_connection(dir.path()).expect("open");
+        let rows = super::prepare_events((0..5000).map(|_| event("crate.counted")).collect());
+        super::append_in_transaction(&conn, "ws", rows, None).expect("append");
+        assert_eq!(super::build_search_index(&conn, |_| ()).expect("build"), 5000);
+        assert_eq!(super::build_search_index(&conn, |_| ()).expect("again"), 0, "nothing left");
+    }
+
+    #[tokio::test]
+    async fn an_index_ahead_of_its_events_is_rebuilt() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        store.append_events("ws", events_named("bin.emptied", 3)).await.expect("append");
+        assert_eq!(store.search_events("ws", &query("bin")).await.unwrap().total, 3);
+        store.close().await.expect("close");
+        drop(store);
+        // As if the events were restored from an older backup: the index
+        // claims more than the store holds, and seqs will be reused.
+        let index =
+            rusqlite::Connection::open(dir.path().join(search::SEARCH_FILE)).expect("open index");
+        index.execute("UPDATE progress SET seq = 1000", []).expect("advance");
+        drop(index);
+        let conn = super::open_writer_connection(dir.path()).expect("open");
+        conn.execute("DELETE FROM events", []).expect("restore an empty backup");
+        drop(conn);
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
+        store.append_events("ws", events_named("tote.moved", 2)).await.expect("append");
+        assert_eq!(store.search_events("ws", &query("bin")).await.unwrap().total, 0);
+        assert_eq!(store.search_events("ws", &query("tote")).await.unwrap().total, 2);
+    }
+
+    #[tokio::test]
+    async fn an_older_store_drops_its_inline_index_and_is_searchable() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        {
+            let conn = super::open_writer_connection(dir.path()).expect("open");
+            conn.execute_batch(
+                "CREATE VIRTUAL TABLE events_fts USING fts5 (body, content = '',
+                    contentless_delete = 1, tokenize = 'trigram');
+                 CREATE TABLE search_queue (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);",
+            )
+            .expect("the older store's tables");
+            let rows = super::prepare_events(vec![event("pallet.kept")]);
+            super::append_in_transaction(&conn, "ws", rows, None).expect("append");
+        }
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
+        let left: i64 = store
+            .read(|conn| {
+                conn.query_row(
+                    "SELECT count(*) FROM main.sqlite_master
+                     WHERE name IN ('events_fts', 'search_queue')",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(Error::internal)
+            })
+            .await
+            .expect("read the schema");
+        assert_eq!(left, 0);
+        assert_eq!(store.search_events("ws", &query("kept")).await.unwrap().total, 1);
+    }
+
+    #[tokio::test]
+    async fn a_search_answers_when_the_index_cannot_be_written_and_catches_up_after() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let options = EmbeddedOptions {
+            search_wait: Duration::from_millis(300),
+            ..EmbeddedOptions::default()
+        };
+        let store = EmbeddedStore::open(dir.path(), options).expect("open");
         store.append_events("ws", events_named("pallet.indexed", 1)).await.unwrap();
         assert_eq!(store.search_events("ws", &query("pallet")).await.unwrap().total, 1);
-        store.append_events("ws", events_named("pallet.queued", 1)).await.unwrap();
-        // Indexing the queue now fails, as it would on a full disk.
-        store
-            .write(|conn| {
-                conn.execute_batch(
-                    "CREATE TRIGGER search_queue_stuck BEFORE DELETE ON search_queue
-                     BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
-                )
-                .map_err(Error::internal)
-            })
-            .await
-            .expect("make the queue stick");
+        stick(dir.path());
+        store.append_events("ws", events_named("pallet.waiting", 1)).await.unwrap();
         let found = store.search_events("ws", &query("pallet")).await.expect("an answer");
-        assert_eq!(found.total, 1, "the indexed event, without the queued one");
-        assert_eq!(indexed_and_queued(&store, "pallet").await, (1, 1), "nothing lost");
-    }
-
-    #[tokio::test]
-    async fn idle_attempts_to_index_a_stuck_queue_back_off() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counter = std::sync::Arc::clone(&attempts);
-        store
-            .write(move |conn| {
-                conn.create_scalar_function(
-                    "indexing_attempt",
-                    0,
-                    rusqlite::functions::FunctionFlags::SQLITE_UTF8,
-                    move |_| Ok(counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) as i64),
-                )
-                .map_err(Error::internal)?;
-                // Indexing the queue fails, as on a full disk, and counts.
-                conn.execute_batch(
-                    "CREATE TRIGGER search_queue_stuck BEFORE DELETE ON search_queue
-                     BEGIN SELECT indexing_attempt(); SELECT RAISE(ABORT, 'disk full'); END;",
-                )
-                .map_err(Error::internal)
-            })
-            .await
-            .expect("make the queue stick");
-        store.append_events("ws", events_named("crate.stuck", 1)).await.unwrap();
-        // The passing time is what is under test: every 200 ms this would
-        // be about 11 attempts; doubling waits (0.2, 0.4, 0.8, 1.6 s) make 3.
-        tokio::time::sleep(std::time::Duration::from_millis(2300)).await;
-        let made = attempts.load(std::sync::atomic::Ordering::SeqCst);
-        assert!((1..=5).contains(&made), "{made} attempts in 2.3 s");
-        assert_eq!(indexed_and_queued(&store, "crate").await, (0, 1), "still queued, not lost");
-    }
-
-    #[tokio::test]
-    async fn the_writer_indexes_an_idle_queue_by_itself() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        store.append_events("ws", events_named("bin.emptied", 1)).await.unwrap();
-        // No search asks for it: the writer indexes it once idle. Bounded
-        // wait on the observable state (no event to await from outside).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while indexed_and_queued(&store, "bin").await != (1, 0) {
-            assert!(std::time::Instant::now() < deadline, "the idle queue was never indexed");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert_eq!(found.total, 1, "the indexed event, without the other");
+        assert!(store.search.failures() > 0);
+        unstick(dir.path());
+        // The indexer retries on its own (no nudge: nothing is written).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while indexed(&store, "pallet").await < 2 {
+            assert!(std::time::Instant::now() < deadline, "the index never caught up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        store.close().await.expect("close");
+        assert_eq!(store.search_events("ws", &query("waiting")).await.unwrap().total, 1);
+    }
+
+    #[tokio::test]
+    async fn attempts_to_write_a_stuck_index_back_off() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        store.append_events("ws", events_named("crate.first", 1)).await.unwrap();
+        assert_eq!(store.search_events("ws", &query("crate")).await.unwrap().total, 1);
+        stick(dir.path());
+        store.append_events("ws", events_named("crate.stuck", 1)).await.unwrap();
+        // The passing time is what is under test: retrying every 200 ms
+        // would be about 11 attempts; doubling waits (0.2, 0.4, 0.8 s...)
+        // make at most 5.
+        tokio::time::sleep(Duration::from_millis(2300)).await;
+        let made = store.search.failures();
+        assert!((1..=5).contains(&made), "{made} attempts in 2.3 s");
+        assert_eq!(indexed(&store, "crate").await, 1, "not indexed, and not lost:");
+        let filter = crate::store::EventFilter { limit: 10, ..Default::default() };
+        assert_eq!(store.list_events("ws", &filter).await.unwrap().len(), 2);
     }
 }
 
@@ -1174,12 +1196,20 @@ mod writer_settings {
         assert_eq!(names, ["events_agent_actors", "events_trace_kind"]);
     }
 
-    #[test]
-    fn search_segments_merge_sixteen_at_a_time() {
+    #[tokio::test]
+    async fn search_segments_merge_sixteen_at_a_time() {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let conn = super::open_writer_connection(dir.path()).expect("open");
-        let automerge: i64 = conn
-            .query_row("SELECT v FROM events_fts_config WHERE k = 'automerge'", [], |r| r.get(0))
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let automerge: i64 = store
+            .read(|conn| {
+                conn.query_row(
+                    "SELECT v FROM search.events_fts_config WHERE k = 'automerge'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(Error::internal)
+            })
+            .await
             .expect("automerge is configured");
         assert_eq!(automerge, super::FTS_AUTOMERGE);
         assert_eq!(automerge, 16);

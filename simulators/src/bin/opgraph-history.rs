@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use opgraph_cloud::store::NewEvent;
 use opgraph_cloud::store::embedded::{
-    append_in_transaction, open_writer_connection, prepare_events,
+    append_in_transaction, build_search_index, open_writer_connection, prepare_events,
 };
 use opgraph_simulators::history::{HistoryConfig, event, query_cases};
 
@@ -103,6 +103,13 @@ fn generate(
         done = end;
         progress(done, events, started.elapsed());
     }
+    eprintln!();
+    // The index a cloud would otherwise build in the background on its
+    // first start, while its searches wait.
+    let indexing = Instant::now();
+    eprintln!("indexing for search");
+    build_search_index(&conn, |done| progress(done, events, indexing.elapsed()))
+        .map_err(|e| anyhow::anyhow!("search index: {e}"))?;
     eprintln!();
     conn.execute_batch("ANALYZE; PRAGMA wal_checkpoint(TRUNCATE);").context("analyze")?;
     let secs = started.elapsed().as_secs_f64();

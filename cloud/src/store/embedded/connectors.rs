@@ -58,18 +58,8 @@ fn remove_event(conn: &Connection, ws: &str, event_id: &str) -> Result<()> {
     let run = |query: &str, args: &[&dyn rusqlite::ToSql]| -> Result<()> {
         conn.prepare_cached(query).and_then(|mut s| s.execute(args)).map(|_| ()).map_err(sql)
     };
-    // Its search entry is queued (by this transaction or an earlier one) or
-    // indexed, never both.
-    let mut dequeued = 0;
-    for queue in ["temp.pending_search", "search_queue"] {
-        dequeued += conn
-            .prepare_cached(&format!("DELETE FROM {queue} WHERE seq = ?1"))
-            .and_then(|mut s| s.execute([seq]))
-            .map_err(sql)?;
-    }
-    if dequeued == 0 {
-        run("DELETE FROM events_fts WHERE rowid = ?1", &[&seq])?;
-    }
+    // The search index drops its entry when it reads the log.
+    super::search::log_removal(conn, seq).map_err(sql)?;
     run(
         "UPDATE event_counts_hourly SET count = count - 1, revenue = revenue - ?5
          WHERE workspace_id = ?1 AND business_id = ?2 AND event = ?3 AND hour = ?4",
@@ -295,6 +285,46 @@ mod tests {
         }
     }
 
+    /// A replaced event that was the newest gives its `seq` to its
+    /// replacement (SQLite takes the largest plus one): the search index,
+    /// which had indexed the first, must drop it and index the second.
+    #[tokio::test]
+    async fn a_replacement_that_reuses_the_seq_is_what_search_finds() {
+        use crate::store::queries::{QueryStore, SearchQuery};
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
+                .unwrap();
+        let now = crate::now_ms();
+        let search = |text: &str| SearchQuery {
+            text: text.into(),
+            range: None,
+            event: None,
+            business_id: None,
+            limit: 10,
+        };
+        async fn newest_seq(store: &EmbeddedStore) -> i64 {
+            let newest = store.read(|conn| {
+                conn.query_row("SELECT max(seq) FROM events", [], |r| r.get::<_, i64>(0))
+                    .map_err(sql)
+            });
+            newest.await.unwrap()
+        }
+        store
+            .upsert_connector_records("ws_a", vec![record("1", 10.0, now)], sync(1))
+            .await
+            .unwrap();
+        assert_eq!(store.search_events("ws_a", &search("total 10")).await.unwrap().total, 1);
+        let before = newest_seq(&store).await;
+        store
+            .upsert_connector_records("ws_a", vec![record("1", 12.0, now)], sync(1))
+            .await
+            .unwrap();
+        assert_eq!(newest_seq(&store).await, before, "the replacement took the same seq");
+        assert_eq!(store.search_events("ws_a", &search("total 10")).await.unwrap().total, 0);
+        assert_eq!(store.search_events("ws_a", &search("total 12")).await.unwrap().total, 1);
+    }
+
     #[tokio::test]
     async fn resync_replaces_the_event_and_its_derived_rows() {
         let dir = tempfile::tempdir().unwrap();
@@ -335,9 +365,10 @@ mod tests {
         let one = events.iter().find(|e| e.id == first.ids[0]).unwrap();
         assert_eq!(one.envelope["outcome"]["revenue"], json!(15.0));
 
-        // Replaced while their search entries were queued: the queue and
-        // the index hold one entry per event that remains.
-        store.index_queued_search().await.unwrap();
+        // Replaced, and the replacements may have taken the removed
+        // events' `seq`: once the index has caught up it holds one entry
+        // per event that remains.
+        store.wait_for_search_index().await.unwrap();
         let (rollup, relation, fts, usage) = store
             .read(|conn| {
                 let one = |q: &str| conn.query_row(q, [], |r| r.get::<_, f64>(0)).map_err(sql);
@@ -347,7 +378,7 @@ mod tests {
                         one("SELECT sum(revenue) FROM event_counts_hourly")?,
                     ),
                     one("SELECT sum(count) FROM relationships")?,
-                    one("SELECT count(*) FROM events_fts WHERE body MATCH 'total'")?,
+                    one("SELECT count(*) FROM search.events_fts WHERE body MATCH 'total'")?,
                     one("SELECT sum(events_ingested) FROM usage_daily")?,
                 ))
             })

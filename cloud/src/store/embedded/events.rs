@@ -1,6 +1,7 @@
 //! Event rows of the embedded store: what one ingest writes (event row,
-//! search text, hourly rollup, actor bounds, entity and relationship,
-//! usage) and how recent events are listed.
+//! hourly rollup, actor bounds, entity and relationship, usage; the search
+//! index follows on its own thread, see `search`) and how recent events are
+//! listed.
 
 use std::collections::HashMap;
 
@@ -36,7 +37,6 @@ pub(super) struct Row {
     channel: Option<String>,
     campaign: Option<String>,
     envelope: String,
-    search_text: String,
     entity: Option<EntityRow>,
 }
 
@@ -53,6 +53,17 @@ fn party_columns(party: Option<&Party>) -> (Option<String>, Option<String>) {
         Some(Party::Name(name)) => (None, Some(name.clone())),
         Some(Party::Ref { kind, id, .. }) => (Some(kind.clone()), Some(id.clone())),
     }
+}
+
+/// The text an event is found by in search: its name, actor and object
+/// columns, and its property values.
+pub(super) fn search_body(e: &opgraph_proto::Event) -> String {
+    let actor = party_columns(e.actor.as_ref());
+    let object = party_columns(e.object.as_ref());
+    search_text(
+        e,
+        [&actor.0, &actor.1, &object.0, &object.1].into_iter().flatten().map(String::as_str),
+    )
 }
 
 pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
@@ -75,13 +86,6 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
                 })
             });
             Row {
-                search_text: search_text(
-                    &e,
-                    [&actor.0, &actor.1, &object.0, &object.1]
-                        .into_iter()
-                        .flatten()
-                        .map(String::as_str),
-                ),
                 business_id: e.business_id.clone().unwrap_or_else(|| "default".into()),
                 ts: e.timestamp.unwrap_or(received_at),
                 trust_tier: e.trust_tier.map_or("T0", |t| t.as_str()).to_owned(),
@@ -118,9 +122,9 @@ const INSERT_EVENT: &str = "
 
 /// Writes one ingest request; runs inside the writer's savepoint, so an
 /// error leaves nothing behind. `connectors::remove_event` reverses what
-/// this derives from one event (search entry, rollup, relationship count):
-/// keep the two in step. Search entries and actor bounds are queued and
-/// reach `events_fts` and `event_actors` through [`flush_pending`].
+/// this derives from one event (rollup, relationship count, search entry):
+/// keep the two in step. Actor bounds are queued and reach `event_actors`
+/// through [`flush_pending`].
 pub(super) fn append(
     conn: &Connection,
     ws: &str,
@@ -147,9 +151,6 @@ pub(super) fn append(
     }
 
     let mut insert = conn.prepare_cached(INSERT_EVENT).map_err(sql)?;
-    let mut fts = conn
-        .prepare_cached("INSERT OR REPLACE INTO temp.pending_search (seq, body) VALUES (?1, ?2)")
-        .map_err(sql)?;
     let mut ids = Vec::with_capacity(rows.len());
     let mut hourly: HashMap<(String, String, i64), (i64, f64)> = HashMap::new();
     let mut actors: HashMap<(String, String, String), (i64, i64)> = HashMap::new();
@@ -196,7 +197,6 @@ pub(super) fn append(
             continue;
         }
         inserted += 1;
-        fts.execute(params![conn.last_insert_rowid(), row.search_text]).map_err(sql)?;
         let slot = hourly
             .entry((row.business_id.clone(), row.event.clone(), row.ts.div_euclid(HOUR_MS)))
             .or_default();
@@ -290,62 +290,21 @@ pub(super) fn purge_expired_keys(
     .execute(params![now - IDEMPOTENCY_WINDOW_MS, limit])
 }
 
-/// The per-connection queues written by [`append`] and emptied by
-/// [`flush_pending`] just before the transaction commits. A request rolled
-/// back to its savepoint takes its queued entries with it.
-///
-/// - Search entries of this transaction: FTS5 writes its pending entries
-///   out as a new index segment at every savepoint, so indexing inside the
-///   writer's per-request savepoints made one segment per request. Those
-///   of a small group move on to the `search_queue` table instead (below).
-/// - Actor bounds: one upsert into `event_actors` per event name and actor
-///   of the whole group instead of one per request.
+/// The per-connection queue written by [`append`] and emptied by
+/// [`flush_pending`] just before the transaction commits (a request rolled
+/// back to its savepoint takes its entries with it): one upsert into
+/// `event_actors` per event name and actor of the whole group instead of
+/// one per request.
 pub(super) const PENDING_TABLES: &str = "
-    CREATE TEMP TABLE IF NOT EXISTS pending_search (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
     CREATE TEMP TABLE IF NOT EXISTS pending_actors (
         workspace_id TEXT NOT NULL, event TEXT NOT NULL, business_id TEXT NOT NULL,
         actor_id TEXT NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
         PRIMARY KEY (workspace_id, event, business_id, actor_id)
     ) WITHOUT ROWID;";
 
-/// A transaction with at least this many search entries indexes them (and
-/// whatever `search_queue` holds) in its own commit. FTS5 writes one new
-/// segment per transaction that touches it, and merges segments 16 at a
-/// time: a segment per group commit of a few dozen single-event requests
-/// made the index's flush and merges about a fifth of the writer's time,
-/// while for groups of batch requests the segment is large enough and
-/// queueing would only add writes (batch ingest measured 8 % slower with
-/// every entry queued).
-pub(super) const SEARCH_DIRECT: i64 = 512;
-
-/// Entries in `search_queue` that make the next commit index the queue.
-/// Searches never wait for this many ([`flush_search`] runs first when
-/// anything is queued).
-pub(super) const SEARCH_BATCH: i64 = 4096;
-
-/// Merges the queued actor bounds into `event_actors`, and indexes this
-/// transaction's search entries and `search_queue`'s when there are
-/// [`SEARCH_DIRECT`] of the former, [`SEARCH_BATCH`] in all, or any with
-/// `all_search`; otherwise this transaction's entries join `search_queue`.
-/// Call inside the transaction, outside any savepoint, right before
-/// COMMIT. Answers whether search entries remain queued.
-pub(super) fn flush_pending(conn: &Connection, all_search: bool) -> rusqlite::Result<bool> {
-    let count = |table: &str| -> rusqlite::Result<i64> {
-        conn.prepare_cached(&format!("SELECT count(*) FROM {table}"))?.query_row([], |r| r.get(0))
-    };
-    let (group, queued) = (count("temp.pending_search")?, count("search_queue")?);
-    let index = group + queued > 0
-        && (all_search || group >= SEARCH_DIRECT || group + queued >= SEARCH_BATCH);
-    if index {
-        flush_search(conn)?;
-    } else if group > 0 {
-        conn.prepare_cached(
-            "INSERT OR REPLACE INTO search_queue (seq, body)
-             SELECT seq, body FROM temp.pending_search",
-        )?
-        .execute([])?;
-        conn.prepare_cached("DELETE FROM temp.pending_search")?.execute([])?;
-    }
+/// Merges the queued actor bounds into `event_actors`. Call inside the
+/// transaction, outside any savepoint, right before COMMIT.
+pub(super) fn flush_pending(conn: &Connection) -> rusqlite::Result<()> {
     // Bounds of a removed event are widened to unknown by
     // `connectors::remove_event`; min/max keep them unknown here.
     conn.prepare_cached(
@@ -357,23 +316,6 @@ pub(super) fn flush_pending(conn: &Connection, all_search: bool) -> rusqlite::Re
     )?
     .execute([])?;
     conn.prepare_cached("DELETE FROM temp.pending_actors")?.execute([])?;
-    Ok(!index && group + queued > 0)
-}
-
-/// Indexes every queued search entry, this transaction's and
-/// `search_queue`'s, whose event still exists, and empties both queues.
-pub(super) fn flush_search(conn: &Connection) -> rusqlite::Result<()> {
-    // CROSS JOIN keeps the queue as the outer loop: with a plain JOIN the
-    // planner may scan all of `events` and probe the queue instead.
-    for queue in ["search_queue", "temp.pending_search"] {
-        conn.prepare_cached(&format!(
-            "INSERT INTO events_fts (rowid, body)
-             SELECT q.seq, q.body FROM {queue} AS q
-             CROSS JOIN events AS e ON e.seq = q.seq"
-        ))?
-        .execute([])?;
-        conn.prepare_cached(&format!("DELETE FROM {queue}"))?.execute([])?;
-    }
     Ok(())
 }
 
@@ -474,11 +416,6 @@ mod tests {
         prepare_rows(vec![NewEvent { id: crate::ids::new_id("evt"), received_at: 1_000, event }])
     }
 
-    fn matches(conn: &Connection, text: &str) -> i64 {
-        conn.query_row("SELECT count(*) FROM events_fts WHERE body MATCH ?1", [text], |r| r.get(0))
-            .unwrap()
-    }
-
     #[test]
     fn an_event_insert_builds_no_temporary_table() {
         // A partial index whose term is an IN list of more than two values
@@ -497,7 +434,7 @@ mod tests {
     }
 
     #[test]
-    fn queued_entries_reach_their_tables_at_the_flush_and_leave_with_a_rolled_back_request() {
+    fn queued_actor_bounds_reach_their_table_at_the_flush_and_leave_with_a_rolled_back_request() {
         let dir = tempfile::tempdir().unwrap();
         let conn = super::super::open_writer_connection(dir.path()).unwrap();
         conn.execute_batch("BEGIN IMMEDIATE; SAVEPOINT job").unwrap();
@@ -505,15 +442,8 @@ mod tests {
         conn.execute_batch("RELEASE job; SAVEPOINT job").unwrap();
         append(&conn, "ws", rows("pallet.dropped"), None).unwrap();
         conn.execute_batch("ROLLBACK TO job; RELEASE job").unwrap();
-        assert_eq!(matches(&conn, "pallet"), 0, "queued, not yet indexed");
-        assert!(flush_pending(&conn, false).unwrap(), "one entry stays queued");
-        assert_eq!(matches(&conn, "pallet"), 0, "below SEARCH_BATCH: still queued");
-        assert!(!flush_pending(&conn, true).unwrap());
-        conn.execute_batch("COMMIT").unwrap();
-        assert_eq!(matches(&conn, "kept"), 1);
-        assert_eq!(matches(&conn, "dropped"), 0);
-        let bounds: Vec<(String, i64, i64)> = conn
-            .prepare(
+        let bounds = |conn: &Connection| -> Vec<(String, i64, i64)> {
+            conn.prepare(
                 "SELECT event || '/' || business_id, first_ts, last_ts FROM event_actors
                  WHERE actor_id = 'user-1' ORDER BY business_id",
             )
@@ -521,13 +451,15 @@ mod tests {
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .unwrap()
             .collect::<rusqlite::Result<_>>()
-            .unwrap();
+            .unwrap()
+        };
+        assert_eq!(bounds(&conn), [], "queued, not yet merged");
+        flush_pending(&conn).unwrap();
+        conn.execute_batch("COMMIT").unwrap();
         let kept = |key: &str| (key.to_owned(), 1_000, 1_000);
-        assert_eq!(bounds, [kept("pallet.kept/"), kept("pallet.kept/default")]);
-        for queue in ["search_queue", "temp.pending_search", "temp.pending_actors"] {
-            let queued: i64 =
-                conn.query_row(&format!("SELECT count(*) FROM {queue}"), [], |r| r.get(0)).unwrap();
-            assert_eq!(queued, 0, "{queue}");
-        }
+        assert_eq!(bounds(&conn), [kept("pallet.kept/"), kept("pallet.kept/default")]);
+        let queued: i64 =
+            conn.query_row("SELECT count(*) FROM temp.pending_actors", [], |r| r.get(0)).unwrap();
+        assert_eq!(queued, 0);
     }
 }

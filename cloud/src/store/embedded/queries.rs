@@ -9,9 +9,9 @@
 //!   range.
 //! - Funnels and attribution follow each actor's events in time order:
 //!   [`journeys`](super::journeys).
-//! - Search goes through the trigram index `events_fts` (after indexing
-//!   whatever is queued: `events::flush_pending`); governed events
-//!   through their partial index.
+//! - Search goes through the trigram index `search.events_fts` once it
+//!   has reached every event stored when the search began (`search`);
+//!   governed events through their partial index.
 
 use async_trait::async_trait;
 use rusqlite::types::{ToSql, Value as SqlValue};
@@ -302,7 +302,7 @@ fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResu
     }
     // The index gives candidates of every workspace; the join keeps ours.
     let from = format!(
-        "FROM events_fts AS f CROSS JOIN events AS e ON e.seq = f.rowid
+        "FROM search.events_fts AS f CROSS JOIN events AS e ON e.seq = f.rowid
          WHERE f.body MATCH :match AND e.workspace_id = :ws{filter}"
     );
     let mut list = q.args.clone();
@@ -584,11 +584,9 @@ impl QueryStore for EmbeddedStore {
     }
 
     async fn search_events(&self, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
-        // A store that cannot write (a full disk) still answers searches,
-        // without the entries it could not index.
-        if let Err(e) = self.index_queued_search().await {
-            tracing::warn!(error = %e, "search runs without the entries still queued");
-        }
+        // An index that cannot be written (a full disk) makes this wait
+        // end at its bound: the search answers without what it lacks.
+        self.wait_for_search_index().await?;
         let (ws, query) = (ws.to_owned(), query.clone());
         self.read(move |conn| search(conn, &ws, &query)).await
     }

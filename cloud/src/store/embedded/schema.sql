@@ -81,20 +81,14 @@ DROP INDEX IF EXISTS events_trace_trigger;
 CREATE INDEX IF NOT EXISTS events_trackable
     ON events (workspace_id, trackable_code, ts) WHERE trackable_code IS NOT NULL;
 
--- Case-insensitive substring search: trigram tokens of the searchable text
--- (event name, actor and object, property values). Contentless: the text
--- lives in `events.envelope`; candidates are joined back by rowid = seq.
-CREATE VIRTUAL TABLE IF NOT EXISTS events_fts USING fts5 (
-    body, content = '', contentless_delete = 1, tokenize = 'trigram'
-);
--- Search entries of committed events not yet in `events_fts`: those of
--- small group commits, written in the event's transaction and indexed
--- thousands at a time (FTS5 makes a segment per transaction); a search
--- indexes whatever is queued first, so it still finds every acknowledged
--- event (`events::flush_pending`).
-CREATE TABLE IF NOT EXISTS search_queue (
-    seq  INTEGER PRIMARY KEY,
-    body TEXT NOT NULL
+-- Case-insensitive substring search lives in `search.db` beside this
+-- file, written by a thread of its own (`search.rs`); an older store's
+-- `events_fts` and `search_queue` are dropped on open. Events removed
+-- after they were stored are logged here for it, in the removing
+-- transaction: SQLite may give a later event a removed event's `seq`.
+CREATE TABLE IF NOT EXISTS search_removed (
+    id  INTEGER PRIMARY KEY,
+    seq INTEGER NOT NULL
 );
 
 -- Rollup maintained in the insert transaction: counts and revenue per hour,

@@ -1,0 +1,433 @@
+//! The search index: FTS5 trigrams of each event's searchable text, kept in
+//! a database of its own (`search.db`, beside the store's) and written by a
+//! thread of its own.
+//!
+//! Why apart from the events: tokenizing, flushing and merging the index
+//! was 12 % of the store writer's time under single-event ingest and about
+//! 40 % under gateway batches, all of it on the one thread every
+//! acknowledgement waits for. SQLite lets one connection write a database
+//! at a time, so an index in the same file could only move that work, not
+//! run it beside the writer; in a file of its own it runs on the other core.
+//!
+//! How it stays exact:
+//! - The indexer follows `events` by `seq`: the writer nudges it after
+//!   each commit, and it indexes every event past the last one it indexed,
+//!   in chunks, committing its position ([`Progress`]) with the entries.
+//!   After a nudge it gathers commits for up to [`LINGER`] unless a search
+//!   is waiting: FTS5 writes a segment per transaction and merges them
+//!   later, so a transaction per group commit of a few dozen events costs
+//!   several times the indexing itself.
+//!   A crash loses at most entries it re-indexes on the next start, from
+//!   the events, which are the source of truth; an index that is lost, or
+//!   that is ahead of the events (a restored backup), is rebuilt.
+//! - An event removed later (`connectors::remove_event`) is logged in
+//!   `search_removed`, in the same transaction. SQLite may give a later
+//!   event the removed one's `seq` (the largest plus one), so the indexer
+//!   reads the log, the events and any reused `seq` in one read snapshot,
+//!   drops the removed entries and indexes what now holds their `seq`.
+//! - A search first waits until the indexer has reached the newest event
+//!   and log entry committed when the search began ([`SearchIndex::wait`]),
+//!   so it finds every event acknowledged before it, as before. If the
+//!   index cannot be written (a full disk), the wait is bounded and the
+//!   search answers from what is indexed, with a warning.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::{FTS_AUTOMERGE, MMAP_SIZE, open_reader, sql};
+use crate::error::{Error, Result};
+
+/// The index's file, in the store's data directory.
+pub(super) const SEARCH_FILE: &str = "search.db";
+
+/// Events read, tokenized and committed per index transaction: large
+/// enough that FTS5 writes few segments (one per transaction), small
+/// enough that a search waiting behind a backlog sees progress.
+const CHUNK: i64 = 4096;
+
+/// How long the indexer gathers commits before indexing them, unless a
+/// search asks for them first.
+const LINGER: Duration = Duration::from_millis(200);
+
+/// The longest wait between attempts while indexing fails.
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+const SCHEMA: &str = "
+    CREATE VIRTUAL TABLE IF NOT EXISTS events_fts USING fts5 (
+        body, content = '', contentless_delete = 1, tokenize = 'trigram'
+    );
+    -- How far the index has followed the store: the last event `seq` and
+    -- the last `search_removed` entry applied.
+    CREATE TABLE IF NOT EXISTS progress (
+        one     INTEGER PRIMARY KEY CHECK (one = 1),
+        seq     INTEGER NOT NULL,
+        removed INTEGER NOT NULL
+    );
+    INSERT OR IGNORE INTO progress (one, seq, removed) VALUES (1, 0, 0);";
+
+/// How far the index has followed the store's `events` and `search_removed`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Progress {
+    pub seq: i64,
+    pub removed: i64,
+}
+
+impl Progress {
+    fn covers(self, target: Progress) -> bool {
+        self.seq >= target.seq && self.removed >= target.removed
+    }
+}
+
+/// Why the indexer wakes up.
+enum Wake {
+    /// The writer committed.
+    Commit,
+    /// A search waits for the index.
+    Search,
+}
+
+/// The writer's end: tells the indexer about each commit.
+pub(super) struct Nudge(mpsc::SyncSender<Wake>);
+
+impl Nudge {
+    pub(super) fn committed(&self) {
+        // Full: the indexer has wake-ups pending already.
+        let _ = self.0.try_send(Wake::Commit);
+    }
+}
+
+/// Wake-ups pending at most; more would say nothing new.
+const WAKES: usize = 8;
+
+/// The store's handle on its indexer thread.
+pub(super) struct SearchIndex {
+    progress: watch::Receiver<Progress>,
+    wake: mpsc::SyncSender<Wake>,
+    /// How long a search waits for the indexer before answering without
+    /// what it has not reached.
+    wait: Duration,
+    /// Index transactions that failed, for tests and the log.
+    failures: std::sync::Arc<AtomicU64>,
+}
+
+impl SearchIndex {
+    /// Opens (or creates, or rebuilds) the index beside the store at
+    /// `db_path` and starts its thread, which indexes whatever the store
+    /// holds beyond it, then follows the commits the [`Nudge`] reports; it
+    /// stops when both this handle and the nudge are gone.
+    pub(super) fn start(db_path: &Path, wait: Duration) -> Result<(SearchIndex, Nudge)> {
+        let index_path = index_path(db_path);
+        let events = open_reader(db_path).map_err(Error::internal)?;
+        let index = open_index(&index_path).map_err(Error::internal)?;
+        let at = read_progress(&index).map_err(Error::internal)?;
+        let newest: i64 = events
+            .query_row("SELECT coalesce(max(seq), 0) FROM events", [], |r| r.get(0))
+            .map_err(Error::internal)?;
+        let at = if at.seq > newest {
+            tracing::warn!(
+                indexed = at.seq,
+                newest,
+                "the search index is ahead of the events (a restored store?): rebuilding it"
+            );
+            clear(&index).map_err(Error::internal)?;
+            Progress::default()
+        } else {
+            at
+        };
+        if newest - at.seq > CHUNK {
+            tracing::info!(
+                behind = newest - at.seq,
+                "indexing events for search in the background"
+            );
+        }
+        let (publish, progress) = watch::channel(at);
+        let (wake, wakes) = mpsc::sync_channel(WAKES);
+        let failures = std::sync::Arc::new(AtomicU64::new(0));
+        let indexer = Indexer { events, index, at };
+        let failed = std::sync::Arc::clone(&failures);
+        std::thread::Builder::new()
+            .name("search-index".into())
+            .spawn(move || indexer.run(&wakes, &publish, &failed))
+            .map_err(Error::internal)?;
+        Ok((SearchIndex { progress, wake: wake.clone(), wait, failures }, Nudge(wake)))
+    }
+
+    /// Waits until the index covers `target` (what the store held when a
+    /// search began), at most the configured wait.
+    pub(super) async fn wait(&self, target: Progress) {
+        if self.progress.borrow().covers(target) {
+            return;
+        }
+        let _ = self.wake.try_send(Wake::Search);
+        let mut progress = self.progress.clone();
+        let reached = tokio::time::timeout(self.wait, progress.wait_for(|p| p.covers(target)));
+        if !matches!(reached.await, Ok(Ok(_))) {
+            let at = *self.progress.borrow();
+            tracing::warn!(
+                indexed = at.seq,
+                newest = target.seq,
+                failed_attempts = self.failures.load(Ordering::SeqCst),
+                "search answers without the events its index has not reached"
+            );
+        }
+    }
+
+    /// Index transactions that have failed since the store opened.
+    #[cfg(test)]
+    pub(super) fn failures(&self) -> u64 {
+        self.failures.load(Ordering::SeqCst)
+    }
+}
+
+/// What a search must wait for: the newest event and removal committed.
+pub(super) fn target(conn: &Connection) -> rusqlite::Result<Progress> {
+    conn.query_row(
+        "SELECT (SELECT coalesce(max(seq), 0) FROM events),
+                (SELECT coalesce(max(id), 0) FROM search_removed)",
+        [],
+        |r| Ok(Progress { seq: r.get(0)?, removed: r.get(1)? }),
+    )
+}
+
+/// Records, in the removing transaction, that the event at `seq` is gone.
+pub(super) fn log_removal(conn: &Connection, seq: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached("INSERT INTO search_removed (seq) VALUES (?1)")?.execute([seq]).map(drop)
+}
+
+/// Attaches the index to a read connection as schema `search`.
+pub(super) fn attach(conn: &Connection, db_path: &Path) -> rusqlite::Result<()> {
+    let path = index_path(db_path);
+    conn.execute("ATTACH DATABASE ?1 AS search", [path.to_string_lossy()]).map(drop)
+}
+
+/// Indexes everything the store at `db_path` holds beyond its index, on
+/// the calling thread, calling `progress` with the number indexed so far
+/// after each transaction; for tools that write a store without running
+/// one (`opgraph-history`), so that it opens with its index built. Answers
+/// how many events it indexed.
+pub fn build(db_path: &Path, mut progress: impl FnMut(u64)) -> Result<u64> {
+    let events = open_reader(db_path).map_err(Error::internal)?;
+    let index = open_index(&index_path(db_path)).map_err(Error::internal)?;
+    let at = read_progress(&index).map_err(Error::internal)?;
+    let mut indexer = Indexer { events, index, at };
+    let mut indexed = 0u64;
+    indexer
+        .catch_up(|_, events| {
+            indexed += events as u64;
+            progress(indexed);
+        })
+        .map_err(sql)?;
+    Ok(indexed)
+}
+
+fn index_path(db_path: &Path) -> PathBuf {
+    db_path.with_file_name(SEARCH_FILE)
+}
+
+fn open_index(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // NORMAL: a power cut may lose the last index commits, never corrupt
+    // the file; the lost part is indexed again from the events.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "busy_timeout", 5000)?;
+    conn.pragma_update(None, "cache_size", -65536)?;
+    conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
+    conn.execute_batch(SCHEMA)?;
+    // FTS5 merges a level's segments once `automerge` of them exist; its
+    // default of 4 rewrites each entry about twice as often as 16, the
+    // most it allows. A search reads a few more segments per trigram, a
+    // seek each. Stored in the table's config.
+    conn.execute(
+        "INSERT INTO events_fts (events_fts, rank) VALUES ('automerge', ?1)",
+        [FTS_AUTOMERGE],
+    )?;
+    Ok(conn)
+}
+
+fn read_progress(index: &Connection) -> rusqlite::Result<Progress> {
+    index.query_row("SELECT seq, removed FROM progress", [], |r| {
+        Ok(Progress { seq: r.get(0)?, removed: r.get(1)? })
+    })
+}
+
+fn clear(index: &Connection) -> rusqlite::Result<()> {
+    index.execute_batch(
+        "BEGIN IMMEDIATE;
+         INSERT INTO events_fts (events_fts) VALUES ('delete-all');
+         UPDATE progress SET seq = 0, removed = 0;
+         COMMIT;",
+    )
+}
+
+/// The text an event is found by: its name, actor and object, and its
+/// property values ([`crate::store::columns::search_text`]); from the
+/// stored envelope, which ingest validated.
+fn body(envelope: &str) -> Option<String> {
+    let value: Value = serde_json::from_str(envelope).ok()?;
+    let event = opgraph_proto::Event::parse_json(&value).ok()?;
+    Some(super::events::search_body(&event))
+}
+
+/// Lets `pause` pass, gathering commits, or less if a search asks;
+/// answers whether the store is gone.
+fn wait_out(wakes: &mpsc::Receiver<Wake>, pause: Duration) -> bool {
+    let until = std::time::Instant::now() + pause;
+    loop {
+        match wakes.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+            Ok(Wake::Commit) => {}
+            Ok(Wake::Search) | Err(mpsc::RecvTimeoutError::Timeout) => return false,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+        }
+    }
+}
+
+/// What one chunk read from the store: events past the index's position,
+/// and the removals logged since, each with what now holds its `seq`.
+struct Chunk {
+    events: Vec<(i64, String)>,
+    removed: BTreeMap<i64, Option<String>>,
+    removed_upto: i64,
+}
+
+/// The indexer's two connections and how far it has come.
+struct Indexer {
+    events: Connection,
+    index: Connection,
+    at: Progress,
+}
+
+impl Indexer {
+    /// Catches up, then again after commits, until the store is gone;
+    /// publishes each step, and retries failures with a doubling pause.
+    fn run(
+        mut self,
+        wakes: &mpsc::Receiver<Wake>,
+        publish: &watch::Sender<Progress>,
+        failures: &AtomicU64,
+    ) {
+        // `None` while indexing works; the pause before the next attempt
+        // while it fails.
+        let mut retry: Option<Duration> = None;
+        loop {
+            match self.catch_up(|at, _| {
+                publish.send_replace(at);
+            }) {
+                Ok(()) => {
+                    if retry.take().is_some() {
+                        tracing::info!("search indexing works again");
+                    }
+                }
+                Err(e) => {
+                    failures.fetch_add(1, Ordering::SeqCst);
+                    if retry.is_none() {
+                        tracing::warn!(error = %e, "search indexing failed; retrying");
+                    }
+                    retry =
+                        Some(retry.map_or(Duration::from_millis(200), |r| (r * 2).min(RETRY_MAX)));
+                }
+            }
+            let store_gone = match retry {
+                // Commits do not hurry a retry: under load they would make
+                // one per group commit.
+                Some(pause) => wait_out(wakes, pause),
+                None => match wakes.recv() {
+                    Ok(Wake::Commit) => wait_out(wakes, LINGER),
+                    Ok(Wake::Search) => false,
+                    Err(_) => true,
+                },
+            };
+            if store_gone {
+                return;
+            }
+        }
+    }
+
+    /// Indexes chunks until the index has reached the store; `each` gets
+    /// the position and the number of events after each chunk.
+    fn catch_up(&mut self, mut each: impl FnMut(Progress, usize)) -> rusqlite::Result<()> {
+        loop {
+            let chunk = self.read()?;
+            if chunk.events.is_empty() && chunk.removed_upto == self.at.removed {
+                return Ok(());
+            }
+            let events = chunk.events.len();
+            self.at = self.write(chunk)?;
+            each(self.at, events);
+        }
+    }
+
+    /// One read snapshot of the store: the log of removals past the
+    /// index's position, what holds each removed `seq` now (SQLite may have
+    /// reused it), and the next events.
+    fn read(&self) -> rusqlite::Result<Chunk> {
+        let tx = self.events.unchecked_transaction()?;
+        let mut removed = BTreeMap::new();
+        let mut removed_upto = self.at.removed;
+        {
+            let mut log = tx.prepare_cached(
+                "SELECT id, seq FROM search_removed WHERE id > ?1 ORDER BY id LIMIT ?2",
+            )?;
+            let mut now_at = tx.prepare_cached("SELECT envelope FROM events WHERE seq = ?1")?;
+            let mut rows = log.query(params![self.at.removed, CHUNK])?;
+            while let Some(row) = rows.next()? {
+                let (id, seq): (i64, i64) = (row.get(0)?, row.get(1)?);
+                removed_upto = id;
+                // Past the index's position nothing was indexed: the scan
+                // below reads whatever holds that `seq` now.
+                if seq <= self.at.seq {
+                    let envelope: Option<String> =
+                        now_at.query_row([seq], |r| r.get(0)).optional()?;
+                    removed.insert(seq, envelope);
+                }
+            }
+        }
+        let events = tx
+            .prepare_cached(
+                "SELECT seq, envelope FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            )?
+            .query_map(params![self.at.seq, CHUNK], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        tx.finish()?;
+        Ok(Chunk { events, removed, removed_upto })
+    }
+
+    /// Applies a chunk in one index transaction, with the new position.
+    fn write(&self, chunk: Chunk) -> rusqlite::Result<Progress> {
+        let tx = self.index.unchecked_transaction()?;
+        {
+            let mut delete = tx.prepare_cached("DELETE FROM events_fts WHERE rowid = ?1")?;
+            let mut insert =
+                tx.prepare_cached("INSERT INTO events_fts (rowid, body) VALUES (?1, ?2)")?;
+            for (seq, now_at) in &chunk.removed {
+                delete.execute([seq])?;
+                if let Some(body) = now_at.as_deref().and_then(body) {
+                    insert.execute(params![seq, body])?;
+                }
+            }
+            for (seq, envelope) in &chunk.events {
+                match body(envelope) {
+                    Some(body) => insert.execute(params![seq, body]).map(drop)?,
+                    None => tracing::warn!(
+                        seq,
+                        "an event's stored envelope does not parse; not searchable"
+                    ),
+                }
+            }
+        }
+        let at = Progress {
+            seq: chunk.events.last().map_or(self.at.seq, |(seq, _)| *seq),
+            removed: chunk.removed_upto,
+        };
+        tx.execute("UPDATE progress SET seq = ?1, removed = ?2", params![at.seq, at.removed])?;
+        tx.commit()?;
+        Ok(at)
+    }
+}
