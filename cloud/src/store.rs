@@ -136,6 +136,12 @@ pub trait Store:
     /// Cheap liveness check for health; an error means the store is down.
     async fn ping(&self) -> Result<()>;
 
+    /// What health shows about the backend beyond reachability (camelCase
+    /// keys merged into the `store` check); nothing by default.
+    async fn health_detail(&self) -> Value {
+        Value::Null
+    }
+
     /// Creates a workspace with its default business. Conflict if the id
     /// exists.
     async fn create_workspace(&self, workspace: &Workspace) -> Result<()>;

@@ -26,9 +26,11 @@
 //!   fsync) mapping each reading to a `fleet.reading` event, shipping over
 //!   gRPC to a cloud on its embedded store. Messages/s until the cloud has
 //!   acknowledged (committed) every event (`uplink.last_acked_sequence` on
-//!   the gateway's `/health`): end to end. The time until the devices had
-//!   every PUBACK (durable in the gateway's buffer) is shown beside it, and
-//!   the gateway's peak RSS (`VmHWM`).
+//!   the gateway's `/health`): end to end. Beside it: until a search could
+//!   find them all (one event search, which waits for the cloud's search
+//!   index to reach its commits), until the devices had every PUBACK
+//!   (durable in the gateway's buffer), and the gateway's peak RSS
+//!   (`VmHWM`).
 //!
 //! Goal (issue 8): gateway end to end ≥ 1× the relay.
 //!
@@ -229,6 +231,10 @@ async fn relay(options: &Options, devices: usize) -> Relay {
 struct Intake {
     /// Messages/s until the cloud acknowledged every event.
     end_to_end: f64,
+    /// Messages/s until a search could find every event: the cloud's
+    /// search index follows its commits on a thread of its own, and a
+    /// search waits for it to reach them.
+    searchable: f64,
     /// Messages/s until the devices had every PUBACK.
     durable: f64,
     idle_mb: f64,
@@ -271,13 +277,25 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let end_to_end = options.messages as f64 / start.elapsed().as_secs_f64();
+    let search: Value = client
+        .post(format!("{}/api/analytics/event-search", cloud.url))
+        .bearer_auth(TEST_BOOTSTRAP_KEY)
+        .json(&serde_json::json!({"query": EVENT, "limit": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(search["total"].as_u64().unwrap_or(0) > 0, "search found nothing: {search}");
+    let searchable = options.messages as f64 / start.elapsed().as_secs_f64();
     let report = fleet.await.unwrap();
     assert_eq!(report.acked, options.messages, "the gateway acknowledged every message");
     let durable = report.acked as f64 / report.ack_time.as_secs_f64();
     let (_, peak_mb) = rss_mb(pid);
     gateway.process.kill9().await.unwrap();
     cloud.process.terminate().await.unwrap();
-    Intake { end_to_end, durable, idle_mb, peak_mb }
+    Intake { end_to_end, searchable, durable, idle_mb, peak_mb }
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -296,7 +314,7 @@ async fn throughput(options: &Options) {
         options.messages, options.inflight
     );
     println!(
-        "    devices  round  relay msg/s  gateway end-to-end msg/s  gateway durable-ack msg/s  vs relay  gateway RSS idle/peak MB  mosquitto peak MB"
+        "    devices  round  relay msg/s  gateway end-to-end msg/s  searchable msg/s  gateway durable-ack msg/s  vs relay  gateway RSS idle/peak MB  mosquitto peak MB"
     );
     for &devices in &options.devices {
         let mut ratios = Vec::new();
@@ -313,10 +331,11 @@ async fn throughput(options: &Options) {
             let ratio = g.end_to_end / r.rate;
             ratios.push(ratio);
             println!(
-                "    {devices:>7}  {:>5}  {:>11.0}  {:>24.0}  {:>25.0}  {ratio:>8.2}  {:>11.1} / {:<10.1}  {:>17.1}",
+                "    {devices:>7}  {:>5}  {:>11.0}  {:>24.0}  {:>16.0}  {:>25.0}  {ratio:>8.2}  {:>11.1} / {:<10.1}  {:>17.1}",
                 round + 1,
                 r.rate,
                 g.end_to_end,
+                g.searchable,
                 g.durable,
                 g.idle_mb,
                 g.peak_mb,

@@ -438,6 +438,7 @@ async fn health_openapi_and_metrics() {
     let health: Value = response.json().await.unwrap();
     assert_eq!(health["status"], "ok");
     assert_eq!(health["checks"]["store"]["reachable"], true);
+    assert!(health["checks"]["store"]["searchIndex"]["behind"].is_u64(), "{health}");
     assert_eq!(health["checks"]["config"]["bootstrapKey"], "configured");
     assert!(!health.to_string().contains(TEST_BOOTSTRAP_KEY));
     let response = client.get(cloud.at("/api/health?strict=1")).send().await.unwrap();

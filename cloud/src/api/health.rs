@@ -50,21 +50,22 @@ pub async fn health(
     let strict = params.get("strict").is_some_and(|v| v == "1" || v == "true");
     let config = &state.config;
     let store_ok = state.store.ping().await.is_ok();
+    let mut store_detail = json!({
+        "backend": match config.store.kind {
+            StoreKind::Embedded => "embedded",
+            StoreKind::Clickhouse => "clickhouse",
+        },
+        "reachable": store_ok,
+    });
+    if let (Value::Object(detail), Value::Object(more)) =
+        (&mut store_detail, state.store.health_detail().await)
+    {
+        detail.extend(more);
+    }
     let jwt = &config.auth.jwt;
     let rate = state.usage.rate_config();
     let checks = [
-        Check {
-            name: "store",
-            ok: store_ok,
-            required: true,
-            detail: json!({
-                "backend": match config.store.kind {
-                    StoreKind::Embedded => "embedded",
-                    StoreKind::Clickhouse => "clickhouse",
-                },
-                "reachable": store_ok,
-            }),
-        },
+        Check { name: "store", ok: store_ok, required: true, detail: store_detail },
         Check {
             name: "config",
             ok: true,

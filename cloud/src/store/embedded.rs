@@ -736,6 +736,19 @@ impl Store for EmbeddedStore {
         self.read(|conn| conn.query_row("SELECT 1", [], |_| Ok(())).map_err(sql)).await
     }
 
+    /// How far the search index trails the events, and whether it is
+    /// failing: it is written beside the store, so a full disk or a
+    /// backlog shows here before a search has to wait for it.
+    async fn health_detail(&self) -> serde_json::Value {
+        let target = self.read(|conn| search::target(conn).map_err(sql)).await;
+        let at = self.search.progress();
+        serde_json::json!({"searchIndex": {
+            "indexedSeq": at.seq,
+            "behind": target.map_or(serde_json::Value::Null, |t| (t.seq - at.seq).max(0).into()),
+            "failedAttempts": self.search.failures(),
+        }})
+    }
+
     async fn create_workspace(&self, workspace: &Workspace) -> Result<()> {
         let ws = workspace.clone();
         self.write(move |conn| {
@@ -1117,7 +1130,10 @@ mod search_index {
         store.append_events("ws", events_named("pallet.waiting", 1)).await.unwrap();
         let found = store.search_events("ws", &query("pallet")).await.expect("an answer");
         assert_eq!(found.total, 1, "the indexed event, without the other");
-        assert!(store.search.failures() > 0);
+        // Health shows it before anyone searches.
+        let health = store.health_detail().await;
+        assert_eq!(health["searchIndex"]["behind"], 1, "{health}");
+        assert!(health["searchIndex"]["failedAttempts"].as_u64() > Some(0), "{health}");
         unstick(dir.path());
         // The indexer retries on its own (no nudge: nothing is written).
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -1126,6 +1142,7 @@ mod search_index {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(store.search_events("ws", &query("waiting")).await.unwrap().total, 1);
+        assert_eq!(store.health_detail().await["searchIndex"]["behind"], 0);
     }
 
     #[tokio::test]
@@ -1197,22 +1214,25 @@ mod writer_settings {
     }
 
     #[tokio::test]
-    async fn search_segments_merge_sixteen_at_a_time() {
+    async fn the_search_index_merges_sixteen_at_a_time_and_is_read_through_the_mapping() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        let automerge: i64 = store
+        let (automerge, mmap, cache) = store
             .read(|conn| {
-                conn.query_row(
-                    "SELECT v FROM search.events_fts_config WHERE k = 'automerge'",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(Error::internal)
+                let one = |q: &str| conn.query_row(q, [], |r| r.get::<_, i64>(0));
+                Ok((
+                    one("SELECT v FROM search.events_fts_config WHERE k = 'automerge'"),
+                    one("PRAGMA search.mmap_size"),
+                    one("PRAGMA search.cache_size"),
+                ))
             })
             .await
-            .expect("automerge is configured");
+            .expect("read the index's settings");
+        let automerge = automerge.expect("automerge is configured");
         assert_eq!(automerge, super::FTS_AUTOMERGE);
         assert_eq!(automerge, 16);
+        assert_eq!(mmap.expect("mmap_size"), super::MMAP_SIZE);
+        assert_eq!(cache.expect("cache_size"), -65536);
     }
 
     #[test]

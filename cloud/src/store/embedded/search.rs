@@ -180,9 +180,13 @@ impl SearchIndex {
     }
 
     /// Index transactions that have failed since the store opened.
-    #[cfg(test)]
     pub(super) fn failures(&self) -> u64 {
         self.failures.load(Ordering::SeqCst)
+    }
+
+    /// How far the index has come.
+    pub(super) fn progress(&self) -> Progress {
+        *self.progress.borrow()
     }
 }
 
@@ -204,7 +208,11 @@ pub(super) fn log_removal(conn: &Connection, seq: i64) -> rusqlite::Result<()> {
 /// Attaches the index to a read connection as schema `search`.
 pub(super) fn attach(conn: &Connection, db_path: &Path) -> rusqlite::Result<()> {
     let path = index_path(db_path);
-    conn.execute("ATTACH DATABASE ?1 AS search", [path.to_string_lossy()]).map(drop)
+    conn.execute("ATTACH DATABASE ?1 AS search", [path.to_string_lossy()])?;
+    // Cache and mapping are per database: without these the index would
+    // be read through SQLite's 2 MB default cache, a pread per page.
+    conn.pragma_update(Some("search"), "cache_size", -65536)?;
+    conn.pragma_update(Some("search"), "mmap_size", MMAP_SIZE)
 }
 
 /// Indexes everything the store at `db_path` holds beyond its index, on
