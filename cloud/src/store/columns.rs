@@ -33,12 +33,22 @@ pub fn number_at(map: Option<&Map<String, Value>>, key: &str) -> Option<f64> {
 /// then the scalar leaves of the properties, space-separated, cut at
 /// [`MAX_SEARCH_TEXT`] on a character boundary.
 pub fn search_text<'a>(e: &Event, parts: impl IntoIterator<Item = &'a str>) -> String {
-    let mut out = e.event.clone();
+    search_text_of(&e.event, parts, e.properties.as_ref())
+}
+
+/// [`search_text`] from the event name and properties alone, for a backend
+/// that reads them back from its columns and stored envelope.
+pub fn search_text_of<'a>(
+    name: &str,
+    parts: impl IntoIterator<Item = &'a str>,
+    properties: Option<&Map<String, Value>>,
+) -> String {
+    let mut out = name.to_owned();
     for part in parts.into_iter().filter(|p| !p.is_empty()) {
         out.push(' ');
         out.push_str(part);
     }
-    if let Some(props) = &e.properties {
+    if let Some(props) = properties {
         props.values().for_each(|v| push_leaves(&mut out, v));
     }
     if out.len() > MAX_SEARCH_TEXT {

@@ -1037,6 +1037,38 @@ mod search_index {
         store.close().await.expect("close");
     }
 
+    /// The index reads an event's text back from its columns and stored
+    /// envelope: name, actor and object type and id, property values.
+    #[tokio::test]
+    async fn every_part_of_the_searchable_text_is_found() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let envelope = serde_json::json!({
+            "event": "portal.scan", "actor": {"type": "rfid_reader", "id": "dock-7", "x": "hidden"},
+            "object": "tote-991", "context": {"note": "not searchable"},
+            "properties": {"epc": "3034F8", "tags": [{"lot": "LOT-55"}], "rssi": -61},
+        });
+        let event = opgraph_proto::Event::parse_json(&envelope).expect("envelope");
+        let new =
+            crate::store::NewEvent { id: "evt_1".into(), received_at: crate::now_ms(), event };
+        let request = AppendRequest { events: vec![new], idempotency_key: None };
+        store.append_events("ws", request).await.expect("append");
+        for (text, found) in [
+            ("portal.sc", 1),
+            ("rfid_rea", 1),
+            ("dock-7", 1),
+            ("tote-99", 1),
+            ("3034f8", 1),
+            ("lot-55", 1),
+            ("-61", 1),
+            ("hidden", 0),
+            ("not searchable", 0),
+        ] {
+            let total = store.search_events("ws", &query(text)).await.expect("search").total;
+            assert_eq!(total, found, "{text}");
+        }
+    }
+
     #[tokio::test]
     async fn a_store_written_without_its_index_is_indexed_on_open() {
         let dir = tempfile::tempdir().expect("temporary directory");

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::sql;
 use crate::error::{Error, Result};
-use crate::store::columns::{number_at, search_text, text_at};
+use crate::store::columns::{number_at, text_at};
 use crate::store::{AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent};
 
 pub(super) const DAY_MS: i64 = 86_400_000;
@@ -53,17 +53,6 @@ fn party_columns(party: Option<&Party>) -> (Option<String>, Option<String>) {
         Some(Party::Name(name)) => (None, Some(name.clone())),
         Some(Party::Ref { kind, id, .. }) => (Some(kind.clone()), Some(id.clone())),
     }
-}
-
-/// The text an event is found by in search: its name, actor and object
-/// columns, and its property values.
-pub(super) fn search_body(e: &opgraph_proto::Event) -> String {
-    let actor = party_columns(e.actor.as_ref());
-    let object = party_columns(e.object.as_ref());
-    search_text(
-        e,
-        [&actor.0, &actor.1, &object.0, &object.1].into_iter().flatten().map(String::as_str),
-    )
 }
 
 pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {

@@ -43,6 +43,7 @@ use tokio::sync::watch;
 
 use super::{FTS_AUTOMERGE, MMAP_SIZE, open_reader, sql};
 use crate::error::{Error, Result};
+use crate::store::columns::search_text_of;
 
 /// The index's file, in the store's data directory.
 pub(super) const SEARCH_FILE: &str = "search.db";
@@ -275,15 +276,6 @@ fn clear(index: &Connection) -> rusqlite::Result<()> {
     )
 }
 
-/// The text an event is found by: its name, actor and object, and its
-/// property values ([`crate::store::columns::search_text`]); from the
-/// stored envelope, which ingest validated.
-fn body(envelope: &str) -> Option<String> {
-    let value: Value = serde_json::from_str(envelope).ok()?;
-    let event = opgraph_proto::Event::parse_json(&value).ok()?;
-    Some(super::events::search_body(&event))
-}
-
 /// Lets `pause` pass, gathering commits, or less if a search asks;
 /// answers whether the store is gone.
 fn wait_out(wakes: &mpsc::Receiver<Wake>, pause: Duration) -> bool {
@@ -297,8 +289,40 @@ fn wait_out(wakes: &mpsc::Receiver<Wake>, pause: Duration) -> bool {
     }
 }
 
-/// What one chunk read from the store: events past the index's position,
-/// and the removals logged since, each with what now holds its `seq`.
+/// The columns an event's searchable text is made of, after `seq`: its
+/// name, actor and object as `events::prepare_rows` flattened them, and
+/// the stored envelope for its properties.
+const BODY_COLUMNS: &str = "event, actor_type, actor_id, object_type, object_id, envelope";
+
+/// The properties of a stored envelope: the one part of the searchable
+/// text that has no column. Reading only them skips the rest of the
+/// envelope without building it (ingest validated it).
+#[derive(serde::Deserialize)]
+struct Properties {
+    properties: Option<serde_json::Map<String, Value>>,
+}
+
+/// The text an event is found by ([`crate::store::columns::search_text`],
+/// as ingest would make it), from the [`BODY_COLUMNS`] of `row` starting
+/// at column `first`.
+fn body(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<String> {
+    let name: String = row.get(first)?;
+    let parts: [Option<String>; 4] =
+        [row.get(first + 1)?, row.get(first + 2)?, row.get(first + 3)?, row.get(first + 4)?];
+    let envelope: String = row.get(first + 5)?;
+    let properties = match serde_json::from_str::<Properties>(&envelope) {
+        Ok(read) => read.properties,
+        Err(e) => {
+            tracing::warn!(error = %e, "a stored envelope does not parse; searchable without its properties");
+            None
+        }
+    };
+    Ok(search_text_of(&name, parts.iter().flatten().map(String::as_str), properties.as_ref()))
+}
+
+/// What one chunk read from the store: the searchable text of the events
+/// past the index's position, and the removals logged since, each with the
+/// text of what now holds its `seq`.
 struct Chunk {
     events: Vec<(i64, String)>,
     removed: BTreeMap<i64, Option<String>>,
@@ -383,7 +407,8 @@ impl Indexer {
             let mut log = tx.prepare_cached(
                 "SELECT id, seq FROM search_removed WHERE id > ?1 ORDER BY id LIMIT ?2",
             )?;
-            let mut now_at = tx.prepare_cached("SELECT envelope FROM events WHERE seq = ?1")?;
+            let mut now_at =
+                tx.prepare_cached(&format!("SELECT {BODY_COLUMNS} FROM events WHERE seq = ?1"))?;
             let mut rows = log.query(params![self.at.removed, CHUNK])?;
             while let Some(row) = rows.next()? {
                 let (id, seq): (i64, i64) = (row.get(0)?, row.get(1)?);
@@ -391,17 +416,16 @@ impl Indexer {
                 // Past the index's position nothing was indexed: the scan
                 // below reads whatever holds that `seq` now.
                 if seq <= self.at.seq {
-                    let envelope: Option<String> =
-                        now_at.query_row([seq], |r| r.get(0)).optional()?;
-                    removed.insert(seq, envelope);
+                    let body = now_at.query_row([seq], |r| body(r, 0)).optional()?;
+                    removed.insert(seq, body);
                 }
             }
         }
         let events = tx
-            .prepare_cached(
-                "SELECT seq, envelope FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-            )?
-            .query_map(params![self.at.seq, CHUNK], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .prepare_cached(&format!(
+                "SELECT seq, {BODY_COLUMNS} FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2"
+            ))?
+            .query_map(params![self.at.seq, CHUNK], |r| Ok((r.get(0)?, body(r, 1)?)))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         tx.finish()?;
         Ok(Chunk { events, removed, removed_upto })
@@ -416,18 +440,12 @@ impl Indexer {
                 tx.prepare_cached("INSERT INTO events_fts (rowid, body) VALUES (?1, ?2)")?;
             for (seq, now_at) in &chunk.removed {
                 delete.execute([seq])?;
-                if let Some(body) = now_at.as_deref().and_then(body) {
+                if let Some(body) = now_at {
                     insert.execute(params![seq, body])?;
                 }
             }
-            for (seq, envelope) in &chunk.events {
-                match body(envelope) {
-                    Some(body) => insert.execute(params![seq, body]).map(drop)?,
-                    None => tracing::warn!(
-                        seq,
-                        "an event's stored envelope does not parse; not searchable"
-                    ),
-                }
+            for (seq, body) in &chunk.events {
+                insert.execute(params![seq, body])?;
             }
         }
         let at = Progress {
