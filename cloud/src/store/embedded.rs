@@ -946,6 +946,7 @@ impl Store for EmbeddedStore {
                 let _ = rx.await;
             }
         }
+        self.search.stop().await;
         Ok(())
     }
 }
@@ -1115,6 +1116,21 @@ mod search_index {
         store.append_events("ws", events_named("tote.moved", 2)).await.expect("append");
         assert_eq!(store.search_events("ws", &query("bin")).await.unwrap().total, 0);
         assert_eq!(store.search_events("ws", &query("tote")).await.unwrap().total, 2);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_index_is_rebuilt_and_the_store_opens() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        store.append_events("ws", events_named("crate.sealed", 3)).await.expect("append");
+        store.close().await.expect("close");
+        drop(store);
+        // Closed cleanly: the index's log is folded into its file and gone.
+        let index = dir.path().join(search::SEARCH_FILE);
+        assert!(!dir.path().join(format!("{}-wal", search::SEARCH_FILE)).exists());
+        std::fs::write(&index, vec![0x5a_u8; 64 * 1024]).expect("damage the index");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
+        assert_eq!(store.search_events("ws", &query("sealed")).await.unwrap().total, 3);
     }
 
     #[tokio::test]

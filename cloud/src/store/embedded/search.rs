@@ -92,6 +92,8 @@ enum Wake {
     Commit,
     /// A search waits for the index.
     Search,
+    /// The store closes: index what is left, then stop.
+    Stop,
 }
 
 /// The writer's end: tells the indexer about each commit.
@@ -114,8 +116,10 @@ pub(super) struct SearchIndex {
     /// How long a search waits for the indexer before answering without
     /// what it has not reached.
     wait: Duration,
-    /// Index transactions that failed, for tests and the log.
+    /// Index transactions that failed, for health and the log.
     failures: std::sync::Arc<AtomicU64>,
+    /// Joined by [`SearchIndex::stop`].
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl SearchIndex {
@@ -126,8 +130,7 @@ impl SearchIndex {
     pub(super) fn start(db_path: &Path, wait: Duration) -> Result<(SearchIndex, Nudge)> {
         let index_path = index_path(db_path);
         let events = open_reader(db_path).map_err(Error::internal)?;
-        let index = open_index(&index_path).map_err(Error::internal)?;
-        let at = read_progress(&index).map_err(Error::internal)?;
+        let (index, at) = open_or_recreate(&index_path)?;
         let newest: i64 = events
             .query_row("SELECT coalesce(max(seq), 0) FROM events", [], |r| r.get(0))
             .map_err(Error::internal)?;
@@ -153,11 +156,29 @@ impl SearchIndex {
         let failures = std::sync::Arc::new(AtomicU64::new(0));
         let indexer = Indexer { events, index, at };
         let failed = std::sync::Arc::clone(&failures);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("search-index".into())
             .spawn(move || indexer.run(&wakes, &publish, &failed))
             .map_err(Error::internal)?;
-        Ok((SearchIndex { progress, wake: wake.clone(), wait, failures }, Nudge(wake)))
+        let thread = std::sync::Mutex::new(Some(thread));
+        Ok((SearchIndex { progress, wake: wake.clone(), wait, failures, thread }, Nudge(wake)))
+    }
+
+    /// Has the indexer index what the store holds, then stop, and waits
+    /// for it (for a clean close: the index's file is then complete and
+    /// closed). Later calls do nothing.
+    pub(super) async fn stop(&self) {
+        let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) else {
+            return;
+        };
+        let wake = self.wake.clone();
+        let stopped = tokio::task::spawn_blocking(move || {
+            let _ = wake.send(Wake::Stop);
+            thread.join()
+        });
+        if !matches!(stopped.await, Ok(Ok(()))) {
+            tracing::warn!("the search indexer did not stop cleanly");
+        }
     }
 
     /// Waits until the index covers `target` (what the store held when a
@@ -261,6 +282,29 @@ fn open_index(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// The index and its position; an index that cannot be read (a damaged
+/// file) is deleted and started afresh, since the events rebuild it: the
+/// store never refuses to open over its search index.
+fn open_or_recreate(path: &Path) -> Result<(Connection, Progress)> {
+    let opened = open_index(path).and_then(|index| Ok((read_progress(&index)?, index)));
+    match opened {
+        Ok((at, index)) => Ok((index, at)),
+        Err(e) => {
+            tracing::warn!(error = %e, file = %path.display(), "the search index cannot be read: rebuilding it");
+            for suffix in ["", "-wal", "-shm"] {
+                let file = PathBuf::from(format!("{}{suffix}", path.display()));
+                if let Err(e) = std::fs::remove_file(&file)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    return Err(Error::internal(format!("remove {}: {e}", file.display())));
+                }
+            }
+            let index = open_index(path).map_err(Error::internal)?;
+            Ok((index, Progress::default()))
+        }
+    }
+}
+
 fn read_progress(index: &Connection) -> rusqlite::Result<Progress> {
     index.query_row("SELECT seq, removed FROM progress", [], |r| {
         Ok(Progress { seq: r.get(0)?, removed: r.get(1)? })
@@ -277,14 +321,14 @@ fn clear(index: &Connection) -> rusqlite::Result<()> {
 }
 
 /// Lets `pause` pass, gathering commits, or less if a search asks;
-/// answers whether the store is gone.
+/// answers whether to stop (asked to, or the store is gone).
 fn wait_out(wakes: &mpsc::Receiver<Wake>, pause: Duration) -> bool {
     let until = std::time::Instant::now() + pause;
     loop {
         match wakes.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
             Ok(Wake::Commit) => {}
             Ok(Wake::Search) | Err(mpsc::RecvTimeoutError::Timeout) => return false,
-            Err(mpsc::RecvTimeoutError::Disconnected) => return true,
+            Ok(Wake::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => return true,
         }
     }
 }
@@ -337,8 +381,9 @@ struct Indexer {
 }
 
 impl Indexer {
-    /// Catches up, then again after commits, until the store is gone;
-    /// publishes each step, and retries failures with a doubling pause.
+    /// Catches up, then again after commits, until the store stops it or
+    /// is gone; publishes each step, and retries failures with a doubling
+    /// pause.
     fn run(
         mut self,
         wakes: &mpsc::Receiver<Wake>,
@@ -348,6 +393,7 @@ impl Indexer {
         // `None` while indexing works; the pause before the next attempt
         // while it fails.
         let mut retry: Option<Duration> = None;
+        let mut stopping = false;
         loop {
             match self.catch_up(|at, _| {
                 publish.send_replace(at);
@@ -366,19 +412,20 @@ impl Indexer {
                         Some(retry.map_or(Duration::from_millis(200), |r| (r * 2).min(RETRY_MAX)));
                 }
             }
-            let store_gone = match retry {
+            if stopping {
+                return;
+            }
+            // After the stop (or with the store gone), one last round.
+            stopping = match retry {
                 // Commits do not hurry a retry: under load they would make
                 // one per group commit.
                 Some(pause) => wait_out(wakes, pause),
                 None => match wakes.recv() {
                     Ok(Wake::Commit) => wait_out(wakes, LINGER),
                     Ok(Wake::Search) => false,
-                    Err(_) => true,
+                    Ok(Wake::Stop) | Err(_) => true,
                 },
             };
-            if store_gone {
-                return;
-            }
         }
     }
 
