@@ -51,7 +51,10 @@
 //! `--only=throughput|outage`, `--dir=PATH` (where data directories go;
 //! the system temp directory by default, which must be a real disk),
 //! `--uplink=TOML` (extra lines for the throughput gateway's `[uplink]`
-//! table, e.g. `batch_max_events = 1000`).
+//! table, e.g. `batch_max_events = 1000`), `--search-every=MS` (0: off;
+//! during each gateway run, one event search every MS milliseconds, and a
+//! line with their latencies: a search waits for the cloud's search index
+//! to reach the events committed when it began).
 //! Recorded numbers: BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a broken bench should fail loudly
 
@@ -90,6 +93,8 @@ struct Options {
     dir: Option<PathBuf>,
     /// Extra lines for the gateway's `[uplink]` table.
     uplink: String,
+    /// Pause between event searches during a gateway run; zero: none.
+    search_every: Duration,
 }
 
 impl Options {
@@ -105,6 +110,7 @@ impl Options {
             only: None,
             dir: None,
             uplink: String::new(),
+            search_every: Duration::ZERO,
         };
         for arg in std::env::args().skip(1) {
             let (k, v) = arg.split_once('=').unwrap_or((arg.as_str(), ""));
@@ -120,6 +126,7 @@ impl Options {
                 "--only" => o.only = Some(v.to_owned()),
                 "--dir" => o.dir = Some(PathBuf::from(v)),
                 "--uplink" => o.uplink = v.to_owned(),
+                "--search-every" => o.search_every = Duration::from_millis(num(v)),
                 "--bench" => {}
                 other if !other.starts_with("--") => {} // a name filter: ignored
                 other => panic!("unknown option {other} (see the header of benches/mqtt.rs)"),
@@ -259,6 +266,12 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
     let (progress, fleet) = spawn_fleet(config, &endpoint);
     let start = started(&progress).await;
     let client = reqwest::Client::new();
+    let probe = (!options.search_every.is_zero()).then(|| {
+        let took = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let every = options.search_every;
+        let task = tokio::spawn(searches_under_load(cloud.url.clone(), every, Arc::clone(&took)));
+        (task, took)
+    });
     let deadline = start + LIMIT;
     loop {
         let health: Value = client
@@ -277,17 +290,12 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let end_to_end = options.messages as f64 / start.elapsed().as_secs_f64();
-    let search: Value = client
-        .post(format!("{}/api/analytics/event-search", cloud.url))
-        .bearer_auth(TEST_BOOTSTRAP_KEY)
-        .json(&serde_json::json!({"query": EVENT, "limit": 1}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(search["total"].as_u64().unwrap_or(0) > 0, "search found nothing: {search}");
+    if let Some((task, took)) = probe {
+        task.abort();
+        report_searches(&took.lock().unwrap());
+    }
+    let found = search(&client, &cloud.url).await;
+    assert!(found["total"].as_u64().unwrap_or(0) > 0, "search found nothing: {found}");
     let searchable = options.messages as f64 / start.elapsed().as_secs_f64();
     let report = fleet.await.unwrap();
     assert_eq!(report.acked, options.messages, "the gateway acknowledged every message");
@@ -296,6 +304,52 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
     gateway.process.kill9().await.unwrap();
     cloud.process.terminate().await.unwrap();
     Intake { end_to_end, searchable, durable, idle_mb, peak_mb }
+}
+
+/// One event search for the benchmark's events; the answer.
+async fn search(client: &reqwest::Client, cloud_url: &str) -> Value {
+    client
+        .post(format!("{cloud_url}/api/analytics/event-search"))
+        .bearer_auth(TEST_BOOTSTRAP_KEY)
+        .json(&serde_json::json!({"query": EVENT, "limit": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Searches every `every` until aborted, adding each latency to `took`.
+async fn searches_under_load(
+    cloud_url: String,
+    every: Duration,
+    took: Arc<std::sync::Mutex<Vec<Duration>>>,
+) {
+    let client = reqwest::Client::new();
+    loop {
+        let asked = Instant::now();
+        search(&client, &cloud_url).await;
+        took.lock().unwrap().push(asked.elapsed());
+        tokio::time::sleep(every).await;
+    }
+}
+
+fn report_searches(took: &[Duration]) {
+    let mut took = took.to_vec();
+    if took.is_empty() {
+        println!("             searches during the run: none finished");
+        return;
+    }
+    took.sort();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3;
+    println!(
+        "             searches during the run: {}, p50 {:.0} ms, p90 {:.0} ms, max {:.0} ms",
+        took.len(),
+        at(0.5),
+        at(0.9),
+        at(1.0)
+    );
 }
 
 fn median(values: &mut [f64]) -> f64 {
