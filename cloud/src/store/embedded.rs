@@ -440,6 +440,11 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// Whether the store's schema has a table or index called `name`.
+fn in_schema(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row("SELECT count(*) > 0 FROM sqlite_master WHERE name = ?1", [name], |r| r.get(0))
+}
+
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     // The schema builds each replacement before the store opens; the
     // durations were measured at 10 M events.
@@ -447,12 +452,7 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         ("events_trace", "events_trace_kind", "25 s"),
         ("events_agents", "events_agent_actors", "14 s"),
     ] {
-        let present: i64 = conn.query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = ?1",
-            [old],
-            |r| r.get(0),
-        )?;
-        if present > 0 {
+        if in_schema(conn, old)? {
             tracing::info!(
                 "replacing index {old} with {replacement}: once, about {took} per 10 M events"
             );
@@ -461,11 +461,7 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     // The search index moved to a database of its own (`search`), which
     // builds itself from the events.
     for table in ["events_fts", "search_queue"] {
-        let present: i64 =
-            conn.query_row("SELECT count(*) FROM sqlite_master WHERE name = ?1", [table], |r| {
-                r.get(0)
-            })?;
-        if present > 0 {
+        if in_schema(conn, table)? {
             tracing::info!("dropping {table}: search is indexed in search.db now");
             conn.execute_batch(&format!("DROP TABLE {table}"))?;
         }

@@ -128,29 +128,8 @@ impl SearchIndex {
     /// holds beyond it, then follows the commits the [`Nudge`] reports; it
     /// stops when both this handle and the nudge are gone.
     pub(super) fn start(db_path: &Path, wait: Duration) -> Result<(SearchIndex, Nudge)> {
-        let index_path = index_path(db_path);
         let events = open_reader(db_path).map_err(Error::internal)?;
-        let (index, at) = open_or_recreate(&index_path)?;
-        let newest: i64 = events
-            .query_row("SELECT coalesce(max(seq), 0) FROM events", [], |r| r.get(0))
-            .map_err(Error::internal)?;
-        let at = if at.seq > newest {
-            tracing::warn!(
-                indexed = at.seq,
-                newest,
-                "the search index is ahead of the events (a restored store?): rebuilding it"
-            );
-            clear(&index).map_err(Error::internal)?;
-            Progress::default()
-        } else {
-            at
-        };
-        if newest - at.seq > CHUNK {
-            tracing::info!(
-                behind = newest - at.seq,
-                "indexing events for search in the background"
-            );
-        }
+        let (index, at) = open_against(db_path, &events)?;
         let (publish, progress) = watch::channel(at);
         let (wake, wakes) = mpsc::sync_channel(WAKES);
         let failures = std::sync::Arc::new(AtomicU64::new(0));
@@ -244,8 +223,7 @@ pub(super) fn attach(conn: &Connection, db_path: &Path) -> rusqlite::Result<()> 
 /// how many events it indexed.
 pub fn build(db_path: &Path, mut progress: impl FnMut(u64)) -> Result<u64> {
     let events = open_reader(db_path).map_err(Error::internal)?;
-    let index = open_index(&index_path(db_path)).map_err(Error::internal)?;
-    let at = read_progress(&index).map_err(Error::internal)?;
+    let (index, at) = open_against(db_path, &events)?;
     let mut indexer = Indexer { events, index, at };
     let mut indexed = 0u64;
     indexer
@@ -280,6 +258,29 @@ fn open_index(path: &Path) -> rusqlite::Result<Connection> {
         [FTS_AUTOMERGE],
     )?;
     Ok(conn)
+}
+
+/// The index of the store at `db_path`, whose events `events` reads, and
+/// how far it has come: opened or made afresh ([`open_or_recreate`]), and
+/// cleared when it claims more than the store holds.
+fn open_against(db_path: &Path, events: &Connection) -> Result<(Connection, Progress)> {
+    let (index, at) = open_or_recreate(&index_path(db_path))?;
+    let newest = target(events).map_err(Error::internal)?.seq;
+    let at = if at.seq > newest {
+        tracing::warn!(
+            indexed = at.seq,
+            newest,
+            "the search index is ahead of the events (a restored store?): rebuilding it"
+        );
+        clear(&index).map_err(Error::internal)?;
+        Progress::default()
+    } else {
+        at
+    };
+    if newest - at.seq > CHUNK {
+        tracing::info!(behind = newest - at.seq, "indexing events for search");
+    }
+    Ok((index, at))
 }
 
 /// The index and its position; an index that cannot be read (a damaged
