@@ -143,7 +143,12 @@ impl Receiver {
 
     /// Handles one batch and says how it went; never fails: every outcome
     /// is an ack the gateway can act on.
-    pub async fn batch(&self, principal: &Principal, transport: &str, batch: pb::Batch) -> pb::Ack {
+    pub async fn batch(
+        &self,
+        principal: &Principal,
+        transport: &str,
+        mut batch: pb::Batch,
+    ) -> pb::Ack {
         let mut ack = pb::Ack {
             gateway_id: batch.gateway_id.clone(),
             epoch: batch.epoch,
@@ -151,7 +156,7 @@ impl Receiver {
             status: pb::AckStatus::Ok as i32,
             error: String::new(),
         };
-        let (events, skipped) = match self.check(&batch) {
+        let (events, skipped) = match self.check(&mut batch) {
             Ok(checked) => checked,
             Err(reason) => {
                 self.metrics.reject("batch_rejected");
@@ -224,8 +229,9 @@ impl Receiver {
     }
 
     /// Shape checks, then per-event validation. Returns the valid events
-    /// with their sequences, and a description of each skipped one.
-    fn check(&self, batch: &pb::Batch) -> Result<CheckedBatch, String> {
+    /// with their sequences, and a description of each skipped one. The
+    /// events move out of `batch` into them.
+    fn check(&self, batch: &mut pb::Batch) -> Result<CheckedBatch, String> {
         check_gateway_id(&batch.gateway_id).map_err(|e| e.to_string())?;
         let (first, last) = (batch.first_sequence, batch.last_sequence);
         if first == 0 || last < first {
@@ -241,7 +247,7 @@ impl Receiver {
         let mut previous = first - 1;
         let mut valid = Vec::with_capacity(batch.events.len());
         let mut skipped = Vec::new();
-        for (i, message) in batch.events.iter().enumerate() {
+        for (i, mut message) in std::mem::take(&mut batch.events).into_iter().enumerate() {
             let seq = message.sequence;
             if seq <= previous || seq > last {
                 return Err(format!(
@@ -254,14 +260,13 @@ impl Receiver {
             }
             let received_at = message.received_at_ms.filter(|t| *t > 0 && *t <= now + 86_400_000);
             let received_at = received_at.unwrap_or(now);
+            let id = std::mem::take(&mut message.id);
             let event = Event::from_pb(message, now)
                 .map_err(Error::from)
                 .and_then(|e| crate::api::ingest::finish_envelope(e, received_at));
             match event {
-                Ok(event) => {
-                    valid.push((seq, NewEvent { id: message.id.clone(), received_at, event }))
-                }
-                Err(e) => skipped.push(format!("seq {seq} ({}): {e}", message.id)),
+                Ok(event) => valid.push((seq, NewEvent { id, received_at, event })),
+                Err(e) => skipped.push(format!("seq {seq} ({id}): {e}")),
             }
         }
         Ok((valid, skipped))

@@ -286,7 +286,7 @@ fn encode(mapped: Mapped, now_ms: i64, max_skew_ms: i64) -> Result<(Bytes, bool)
             }
         }
     }
-    let event = Event::from_json(&Value::Object(envelope), now_ms)
+    let event = Event::from_value(Value::Object(envelope), now_ms)
         .and_then(|e| opgraph_proto::envelope::check_entity(&e).map(|()| e))
         .map_err(|e| Reject::InvalidEvent(e.to_string()))?;
     let id = opgraph_proto::ids::new_id_at("evt", now_ms);
@@ -336,7 +336,7 @@ mod tests {
         let pb = pb::Event::decode(record).unwrap();
         assert_eq!(pb.timestamp_ms, Some(NOW));
         assert_eq!(pb.device_timestamp_ms, Some(NOW - 3_600_000));
-        let event = Event::from_pb(&pb, NOW).unwrap();
+        let event = Event::from_pb(pb, NOW).unwrap();
         let context = event.context.unwrap();
         assert_eq!(context["deviceTimestamp"], NOW - 3_600_000);
         assert_eq!(context["clockSkewMs"], -3_600_000);

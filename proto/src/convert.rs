@@ -48,9 +48,10 @@ impl Event {
 
     /// Decodes and validates an event that arrived over gRPC, received at
     /// `now_ms`. The transport fields (`id`, `sequence`, `received_at_ms`,
-    /// `device_timestamp_ms`) are the caller's to read from `msg`.
-    pub fn from_pb(msg: &pb::Event, now_ms: i64) -> Result<Self> {
-        Self::from_json(&envelope_json(msg)?, now_ms)
+    /// `device_timestamp_ms`) are the caller's to read from `msg` first:
+    /// the rest of it moves into the event.
+    pub fn from_pb(msg: pb::Event, now_ms: i64) -> Result<Self> {
+        Self::from_value(envelope_json(msg)?, now_ms)
     }
 }
 
@@ -98,43 +99,43 @@ fn json_bytes(map: &JsonObject) -> Vec<u8> {
 }
 
 /// The JSON envelope a protobuf event stands for, before validation.
-fn envelope_json(msg: &pb::Event) -> Result<Value> {
+fn envelope_json(msg: pb::Event) -> Result<Value> {
     let mut body = Map::new();
-    let mut text = |key: &str, v: &Option<String>| {
+    let mut text = |key: &str, v: Option<String>| {
         if let Some(v) = v {
-            body.insert(key.to_owned(), Value::String(v.clone()));
+            body.insert(key.to_owned(), Value::String(v));
         }
     };
-    text("businessId", &msg.business_id);
-    text("traceId", &msg.trace_id);
-    text("decisionId", &msg.decision_id);
-    text("proofId", &msg.proof_id);
-    text("messageId", &msg.message_id);
-    text("trustTier", &msg.trust_tier);
+    text("businessId", msg.business_id);
+    text("traceId", msg.trace_id);
+    text("decisionId", msg.decision_id);
+    text("proofId", msg.proof_id);
+    text("messageId", msg.message_id);
+    text("trustTier", msg.trust_tier);
 
-    body.insert("event".to_owned(), Value::String(msg.event.clone()));
+    body.insert("event".to_owned(), Value::String(msg.event));
     if let Some(ts) = msg.timestamp_ms {
         body.insert("timestamp".to_owned(), Value::from(ts));
     }
-    for (key, party) in [("actor", &msg.actor), ("object", &msg.object)] {
+    for (key, party) in [("actor", msg.actor), ("object", msg.object)] {
         if let Some(p) = party {
             let v = party_json(p).map_err(|e| e.within(key))?;
             body.insert(key.to_owned(), v);
         }
     }
     let free = [
-        ("properties", &msg.properties_json),
-        ("context", &msg.context_json),
-        ("source", &msg.source_json),
-        ("attribution", &msg.attribution_json),
-        ("trackable", &msg.trackable_json),
-        ("outcome", &msg.outcome_json),
-        ("entity", &msg.entity_json),
-        ("complianceMapping", &msg.compliance_mapping_json),
+        ("properties", msg.properties_json),
+        ("context", msg.context_json),
+        ("source", msg.source_json),
+        ("attribution", msg.attribution_json),
+        ("trackable", msg.trackable_json),
+        ("outcome", msg.outcome_json),
+        ("entity", msg.entity_json),
+        ("complianceMapping", msg.compliance_mapping_json),
     ];
     for (key, bytes) in free {
         if let Some(bytes) = bytes {
-            let map = decode_object(bytes).map_err(|e| e.within(key))?;
+            let map = decode_object(&bytes).map_err(|e| e.within(key))?;
             body.insert(key.to_owned(), Value::Object(map));
         }
     }
@@ -142,18 +143,18 @@ fn envelope_json(msg: &pb::Event) -> Result<Value> {
 }
 
 /// The JSON form of a protobuf party; errors are relative to the party.
-fn party_json(p: &pb::Party) -> Result<Value> {
-    match &p.form {
+fn party_json(p: pb::Party) -> Result<Value> {
+    match p.form {
         None => Err(ValidationError::new("", "must be a name or a reference with `type` and `id`")),
-        Some(pb::party::Form::Name(name)) => Ok(Value::String(name.clone())),
+        Some(pb::party::Form::Name(name)) => Ok(Value::String(name)),
         Some(pb::party::Form::Ref(r)) => {
             let mut map =
                 if r.extra_json.is_empty() { Map::new() } else { decode_object(&r.extra_json)? };
             if map.contains_key("type") || map.contains_key("id") {
                 return Err(ValidationError::new("", "extra keys must not repeat `type` or `id`"));
             }
-            map.insert("type".to_owned(), Value::String(r.r#type.clone()));
-            map.insert("id".to_owned(), Value::String(r.id.clone()));
+            map.insert("type".to_owned(), Value::String(r.r#type));
+            map.insert("id".to_owned(), Value::String(r.id));
             Ok(Value::Object(map))
         }
     }
@@ -197,7 +198,7 @@ mod tests {
         assert_eq!(msg.trust_tier.as_deref(), Some("T2"));
         assert_eq!(msg.context_json.as_deref(), Some(&b"{}"[..]));
         assert_eq!(pb::Event::from_event("evt_1".into(), 42, &e), msg);
-        assert_eq!(Event::from_pb(&msg, NOW).unwrap(), e);
+        assert_eq!(Event::from_pb(msg.clone(), NOW).unwrap(), e);
         assert_eq!(e.trust_tier, Some(TrustTier::T2));
     }
 
@@ -211,7 +212,7 @@ mod tests {
     }
 
     fn rejects(msg: &pb::Event, field: &str) {
-        let err = Event::from_pb(msg, NOW).unwrap_err();
+        let err = Event::from_pb(msg.clone(), NOW).unwrap_err();
         assert_eq!(err.field, field, "{err}");
     }
 

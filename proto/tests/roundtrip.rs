@@ -183,7 +183,7 @@ proptest! {
         let decoded = pb::Event::decode(bytes.as_slice()).unwrap();
         prop_assert_eq!(&decoded, &msg);
 
-        let back = Event::from_pb(&decoded, NOW).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let back = Event::from_pb(decoded, NOW).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(&back, &event);
         prop_assert_eq!(back.to_json(), v);
     }
@@ -196,7 +196,7 @@ proptest! {
 
         // Smuggle the same fault through protobuf where the wire can carry it.
         if let Some(msg) = smuggle(&v) {
-            let err = Event::from_pb(&msg, NOW).unwrap_err();
+            let err = Event::from_pb(msg, NOW).unwrap_err();
             prop_assert_eq!(&err.field, &field, "{}", err);
         }
     }
@@ -211,7 +211,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         if let Ok(msg) = pb::Event::decode(bytes.as_slice()) {
-            let _ = Event::from_pb(&msg, NOW);
+            let _ = Event::from_pb(msg, NOW);
         }
         let msg = pb::Event {
             event: "e".into(),
@@ -225,7 +225,7 @@ proptest! {
             }),
             ..pb::Event::default()
         };
-        let _ = Event::from_pb(&msg, NOW);
+        let _ = Event::from_pb(msg, NOW);
     }
 }
 

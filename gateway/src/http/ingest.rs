@@ -221,6 +221,6 @@ mod tests {
         assert_eq!(decoded.event, "b");
         assert_eq!(decoded.received_at_ms, Some(1_795_000_000_000));
         assert_eq!(decoded.sequence, 0, "the shipper sets the sequence");
-        assert_eq!(Event::from_pb(&decoded, 1_795_000_000_000).unwrap(), events[1]);
+        assert_eq!(Event::from_pb(decoded, 1_795_000_000_000).unwrap(), events[1]);
     }
 }

@@ -203,3 +203,44 @@ proptest::proptest! {
         let _ = set.apply("site/a/readers/b/tags", json_text.as_bytes());
     }
 }
+
+#[test]
+fn compiled_pointers_find_what_serde_json_finds() {
+    let doc = json!({
+        "a/b": 1, "m~n": 2, "": {"": 3}, "arr": [10, 11, {"x": 12}], "0": "zero",
+        "nested": {"deep": {"er": true}}
+    });
+    let pointers = [
+        "/a~1b",
+        "/m~0n",
+        "/",
+        "//",
+        "/arr/0",
+        "/arr/2/x",
+        "/arr/01",
+        "/arr/+1",
+        "/arr/3",
+        "/arr/-1",
+        "/0",
+        "/nested/deep/er",
+        "/nested/missing",
+        "/a~1b/deeper",
+        "/~01",
+    ];
+    for p in pointers {
+        assert_eq!(Pointer::new(p).find(&doc), doc.pointer(p), "{p}");
+    }
+}
+
+#[test]
+fn a_missing_field_names_its_place_in_the_rule() {
+    let rule = rule(
+        r#"
+        topic = "t"
+        event = "e"
+        properties = { outer = { list = ["x", "{/gone} text"] } }
+    "#,
+    );
+    let err = rule.apply("t", br#"{"here": 1}"#).unwrap_err();
+    assert_eq!(err.to_string(), "properties.outer.list[1]: payload /gone is absent");
+}
