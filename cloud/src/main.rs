@@ -8,6 +8,9 @@ use clap::Parser;
 use opgraph_cloud::config::Config;
 use tokio_util::sync::CancellationToken;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "opgraph-cloud", version, about = "Opgraph cloud: ingest, store, API")]
 struct Args {
