@@ -8,6 +8,8 @@ use clap::Parser;
 use opgraph_cloud::config::Config;
 use tokio_util::sync::CancellationToken;
 
+// Events are many small Strings and maps freed on other threads than
+// allocated them; glibc's consolidation of those was 7 % of the cloud's CPU.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
