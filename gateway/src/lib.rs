@@ -39,6 +39,7 @@ pub mod http;
 pub mod shipper;
 pub mod source;
 pub mod telemetry;
+pub mod tls;
 pub mod uplink;
 
 pub use error::{Error, Result};

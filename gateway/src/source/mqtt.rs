@@ -362,33 +362,7 @@ impl MqttSource {
 /// rustls on ring with `ca_file` (or the platform roots) and the optional
 /// client certificate; problems as `key: reason`.
 fn tls_config(config: &MqttSourceConfig) -> std::result::Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let read_certs =
-        |key: &str, path: &PathBuf| -> std::result::Result<Vec<CertificateDer<'static>>, String> {
-            let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-                .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
-                .map_err(|e| format!("{key}: {}: {e}", path.display()))?;
-            if certs.is_empty() {
-                return Err(format!("{key}: {}: no PEM certificate", path.display()));
-            }
-            Ok(certs)
-        };
-    let mut roots = rustls::RootCertStore::empty();
-    match &config.ca_file {
-        Some(path) => {
-            for cert in read_certs("ca_file", path)? {
-                roots.add(cert).map_err(|e| format!("ca_file: {}: {e}", path.display()))?;
-            }
-        }
-        None => {
-            let (added, _) =
-                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-            if added == 0 {
-                return Err("ca_file: unset and the platform has no root certificates".to_owned());
-            }
-        }
-    }
+    let roots = crate::tls::trusted_roots(config.ca_file.as_deref())?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -396,9 +370,10 @@ fn tls_config(config: &MqttSourceConfig) -> std::result::Result<rustls::ClientCo
         .with_root_certificates(roots);
     match (&config.client_cert_file, &config.client_key_file) {
         (Some(cert), Some(key)) => {
-            let certs = read_certs("client_cert_file", cert)?;
-            let key_der = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| format!("client_key_file: {}: {e}", key.display()))?;
+            let pem = crate::tls::read("client_cert_file", cert)?;
+            let certs = crate::tls::certificates("client_cert_file", cert, &pem)?;
+            let pem = crate::tls::read("client_key_file", key)?;
+            let key_der = crate::tls::private_key("client_key_file", key, &pem)?;
             builder
                 .with_client_auth_cert(certs, key_der)
                 .map_err(|e| format!("client_key_file: {e}"))

@@ -5,15 +5,14 @@
 //! provider): QUIC through [`ClientTls::rustls_config`], gRPC through
 //! tonic's `ClientTlsConfig` fed with the same roots and identity.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::UplinkConfig;
 use crate::error::{Error, Result};
+use crate::tls;
 
 /// The client certificate chain and key for mutual TLS, as PEM and parsed.
 #[derive(Debug)]
@@ -32,59 +31,23 @@ pub struct ClientTls {
     pub identity: Option<Arc<ClientIdentity>>,
 }
 
-fn problem(key: &str, path: &Path, why: impl std::fmt::Display) -> Error {
-    Error::InvalidConfig { problems: vec![format!("uplink.{key}: {}: {why}", path.display())] }
-}
-
-fn read(key: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| problem(key, path, e))
-}
-
-fn certs(key: &str, path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| problem(key, path, e))?;
-    if certs.is_empty() {
-        return Err(problem(key, path, "no PEM certificate in the file"));
-    }
-    Ok(certs)
+/// A problem of `crate::tls`, under the `uplink` table.
+fn invalid(problem: String) -> Error {
+    Error::InvalidConfig { problems: vec![format!("uplink.{problem}")] }
 }
 
 impl ClientTls {
     /// Reads `ca_file` (or the platform roots) and the client certificate.
     pub fn load(config: &UplinkConfig) -> Result<ClientTls> {
-        let mut roots = RootCertStore::empty();
-        match &config.ca_file {
-            Some(path) => {
-                let pem = read("ca_file", path)?;
-                for cert in certs("ca_file", path, &pem)? {
-                    roots.add(cert).map_err(|e| problem("ca_file", path, e))?;
-                }
-            }
-            None => {
-                let native = rustls_native_certs::load_native_certs();
-                for e in &native.errors {
-                    tracing::warn!(error = %e, "reading a platform root certificate failed");
-                }
-                let (added, _) = roots.add_parsable_certificates(native.certs);
-                if added == 0 {
-                    return Err(Error::InvalidConfig {
-                        problems: vec![
-                            "uplink.ca_file: unset and the platform has no root certificates: \
-                             set ca_file"
-                                .to_owned(),
-                        ],
-                    });
-                }
-            }
-        }
+        let roots = tls::trusted_roots(config.ca_file.as_deref()).map_err(invalid)?;
         let identity = match (&config.client_cert_file, &config.client_key_file) {
             (Some(cert_path), Some(key_path)) => {
-                let cert_pem = read("client_cert_file", cert_path)?;
-                let key_pem = read("client_key_file", key_path)?;
-                let certs = certs("client_cert_file", cert_path, &cert_pem)?;
-                let key = PrivateKeyDer::from_pem_slice(&key_pem)
-                    .map_err(|e| problem("client_key_file", key_path, e))?;
+                let cert_pem = tls::read("client_cert_file", cert_path).map_err(invalid)?;
+                let key_pem = tls::read("client_key_file", key_path).map_err(invalid)?;
+                let certs =
+                    tls::certificates("client_cert_file", cert_path, &cert_pem).map_err(invalid)?;
+                let key =
+                    tls::private_key("client_key_file", key_path, &key_pem).map_err(invalid)?;
                 Some(Arc::new(ClientIdentity { cert_pem, key_pem, certs, key }))
             }
             _ => None,

@@ -213,16 +213,9 @@ impl MqttIngestSource {
 /// A TLS acceptor for the certificate chain and key files; problems as
 /// `key: reason`.
 fn acceptor(cert: &Path, key: &Path) -> std::result::Result<TlsAcceptor, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<std::result::Result<_, _>>())
-        .map_err(|e| format!("tls_cert_file: {}: {e}", cert.display()))?;
-    if certs.is_empty() {
-        return Err(format!("tls_cert_file: {}: no PEM certificate", cert.display()));
-    }
-    let key_der = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("tls_key_file: {}: {e}", key.display()))?;
+    use crate::tls;
+    let certs = tls::certificates("tls_cert_file", cert, &tls::read("tls_cert_file", cert)?)?;
+    let key_der = tls::private_key("tls_key_file", key, &tls::read("tls_key_file", key)?)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
