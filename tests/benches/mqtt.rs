@@ -31,6 +31,11 @@
 //!   index to reach its commits), until the devices had every PUBACK
 //!   (durable in the gateway's buffer), and the gateway's peak RSS
 //!   (`VmHWM`).
+//! - *CPU per message* of each server process (user + system time from
+//!   `/proc`, µs): Mosquitto until the subscriber has everything; gateway
+//!   and cloud from the first publish until searchable. Rates swing with
+//!   the machine's neighbours; CPU per message moves far less, so builds
+//!   are best compared by it.
 //!
 //! Goal (issue 8): gateway end to end ≥ 1× the relay.
 //!
@@ -58,7 +63,7 @@
 //! Recorded numbers: BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a broken bench should fail loudly
 
-use opgraph_tests::bench::rss_mb;
+use opgraph_tests::bench::{cpu_seconds, rss_mb};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -205,6 +210,8 @@ async fn started(progress: &Progress) -> Instant {
 struct Relay {
     rate: f64,
     rss_mb: f64,
+    /// Mosquitto's CPU per message, µs.
+    cpu_us: f64,
 }
 
 /// Fleet → Mosquitto → one QoS 1 subscriber.
@@ -217,6 +224,8 @@ async fn relay(options: &Options, devices: usize) -> Relay {
         fleet::subscribe(&host, port, options.inflight, Duration::from_secs(10)).await.unwrap();
     let config = fleet_config(devices, options.messages, options.inflight, "relay");
     let (progress, fleet) = spawn_fleet(config, &broker.addr());
+    let cpu = || broker.pid().map_or(0.0, cpu_seconds);
+    let cpu_before = cpu();
     let start = started(&progress).await;
     let deadline = start + LIMIT;
     while subscriber.received.load(Ordering::Relaxed) < options.messages {
@@ -229,10 +238,11 @@ async fn relay(options: &Options, devices: usize) -> Relay {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let last = subscriber.last.lock().unwrap().unwrap();
+    let cpu_us = per_message_us(cpu() - cpu_before, options.messages);
     let report = fleet.await.unwrap();
     assert_eq!(report.acked, options.messages, "mosquitto acknowledged every message");
     let rss_mb = broker.pid().map_or(0.0, |pid| rss_mb(pid).1);
-    Relay { rate: options.messages as f64 / (last - start).as_secs_f64(), rss_mb }
+    Relay { rate: options.messages as f64 / (last - start).as_secs_f64(), rss_mb, cpu_us }
 }
 
 struct Intake {
@@ -246,6 +256,13 @@ struct Intake {
     durable: f64,
     idle_mb: f64,
     peak_mb: f64,
+    /// CPU per message, µs, from the first publish until searchable.
+    gateway_cpu_us: f64,
+    cloud_cpu_us: f64,
+}
+
+fn per_message_us(seconds: f64, messages: u64) -> f64 {
+    seconds * 1e6 / messages as f64
 }
 
 /// Fleet → gateway ingest endpoint → buffer → gRPC → cloud.
@@ -263,6 +280,9 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
     let (idle_mb, _) = rss_mb(pid);
     let endpoint = gateway.process.addrs["mqtt-fleet"].clone();
     let config = fleet_config(devices, options.messages, options.inflight, "gw");
+    let cloud_pid = cloud.process.child.id().unwrap();
+    let cpu = || (cpu_seconds(pid), cpu_seconds(cloud_pid));
+    let cpu_before = cpu();
     let (progress, fleet) = spawn_fleet(config, &endpoint);
     let start = started(&progress).await;
     let client = reqwest::Client::new();
@@ -297,13 +317,16 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
     let found = search(&client, &cloud.url).await;
     assert!(found["total"].as_u64().unwrap_or(0) > 0, "search found nothing: {found}");
     let searchable = options.messages as f64 / start.elapsed().as_secs_f64();
+    let cpu_after = cpu();
+    let gateway_cpu_us = per_message_us(cpu_after.0 - cpu_before.0, options.messages);
+    let cloud_cpu_us = per_message_us(cpu_after.1 - cpu_before.1, options.messages);
     let report = fleet.await.unwrap();
     assert_eq!(report.acked, options.messages, "the gateway acknowledged every message");
     let durable = report.acked as f64 / report.ack_time.as_secs_f64();
     let (_, peak_mb) = rss_mb(pid);
     gateway.process.kill9().await.unwrap();
     cloud.process.terminate().await.unwrap();
-    Intake { end_to_end, searchable, durable, idle_mb, peak_mb }
+    Intake { end_to_end, searchable, durable, idle_mb, peak_mb, gateway_cpu_us, cloud_cpu_us }
 }
 
 /// One event search for the benchmark's events; the answer.
@@ -368,7 +391,7 @@ async fn throughput(options: &Options) {
         options.messages, options.inflight
     );
     println!(
-        "    devices  round  relay msg/s  gateway end-to-end msg/s  searchable msg/s  gateway durable-ack msg/s  vs relay  gateway RSS idle/peak MB  mosquitto peak MB"
+        "    devices  round  relay msg/s  gateway end-to-end msg/s  searchable msg/s  gateway durable-ack msg/s  vs relay  gateway RSS idle/peak MB  mosquitto peak MB  CPU us/msg mosquitto / gateway / cloud"
     );
     for &devices in &options.devices {
         let mut ratios = Vec::new();
@@ -385,7 +408,7 @@ async fn throughput(options: &Options) {
             let ratio = g.end_to_end / r.rate;
             ratios.push(ratio);
             println!(
-                "    {devices:>7}  {:>5}  {:>11.0}  {:>24.0}  {:>16.0}  {:>25.0}  {ratio:>8.2}  {:>11.1} / {:<10.1}  {:>17.1}",
+                "    {devices:>7}  {:>5}  {:>11.0}  {:>24.0}  {:>16.0}  {:>25.0}  {ratio:>8.2}  {:>11.1} / {:<10.1}  {:>17.1}  {:>18.1} / {:.1} / {:.1}",
                 round + 1,
                 r.rate,
                 g.end_to_end,
@@ -394,6 +417,9 @@ async fn throughput(options: &Options) {
                 g.idle_mb,
                 g.peak_mb,
                 r.rss_mb,
+                r.cpu_us,
+                g.gateway_cpu_us,
+                g.cloud_cpu_us,
             );
         }
         let m = median(&mut ratios);

@@ -17,6 +17,22 @@ pub fn temp_dir(dir: Option<&Path>, prefix: &str) -> tempfile::TempDir {
     .expect("temp dir")
 }
 
+/// CPU time (user plus system, all its threads, living and gone) that a
+/// process has used so far, in seconds; 0 when unknown. Far steadier
+/// than a rate on a shared machine: comparing builds by it needs fewer
+/// rounds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    // /proc counts in USER_HZ, which Linux fixes at 100 for user space.
+    const USER_HZ: f64 = 100.0;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may hold spaces and parentheses; fields follow
+    // the last `)`, starting with the state (field 3 of proc(5)).
+    let Some((_, rest)) = stat.rsplit_once(')') else { return 0.0 };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |field: usize| fields.get(field - 3).and_then(|v| v.parse::<f64>().ok());
+    (ticks(14).unwrap_or(0.0) + ticks(15).unwrap_or(0.0)) / USER_HZ
+}
+
 /// `VmRSS` and `VmHWM` of a process, in MB (10^6 bytes); 0 when unknown.
 pub fn rss_mb(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
