@@ -225,8 +225,8 @@ async fn relay(options: &Options, devices: usize) -> Relay {
     let config = fleet_config(devices, options.messages, options.inflight, "relay");
     let (progress, fleet) = spawn_fleet(config, &broker.addr());
     let cpu = || broker.pid().map_or(0.0, cpu_seconds);
-    let cpu_before = cpu();
     let start = started(&progress).await;
+    let cpu_before = cpu();
     let deadline = start + LIMIT;
     while subscriber.received.load(Ordering::Relaxed) < options.messages {
         assert!(
@@ -282,9 +282,9 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
     let config = fleet_config(devices, options.messages, options.inflight, "gw");
     let cloud_pid = cloud.process.child.id().unwrap();
     let cpu = || (cpu_seconds(pid), cpu_seconds(cloud_pid));
-    let cpu_before = cpu();
     let (progress, fleet) = spawn_fleet(config, &endpoint);
     let start = started(&progress).await;
+    let cpu_before = cpu();
     let client = reqwest::Client::new();
     let probe = (!options.search_every.is_zero()).then(|| {
         let took = Arc::new(std::sync::Mutex::new(Vec::new()));
