@@ -33,9 +33,9 @@
 //!   (`VmHWM`).
 //! - *CPU per message* of each server process (user + system time from
 //!   `/proc`, µs): Mosquitto until the subscriber has everything; gateway
-//!   and cloud from the first publish until searchable. Rates swing with
-//!   the machine's neighbours; CPU per message moves far less, so builds
-//!   are best compared by it.
+//!   and cloud from the first publish until searchable. It moves less
+//!   than the rates do with the machine's neighbours, though not nothing
+//!   (a crowded core runs slower): compare builds alternately, by both.
 //!
 //! Goal (issue 8): gateway end to end ≥ 1× the relay.
 //!
