@@ -30,6 +30,9 @@
 //!    event. *Whole run* is events/s over all of it, connect and handshake
 //!    included; *sustained* counts from the moment the first tenth was
 //!    acknowledged, without connecting and the transport's slow start.
+//!    *CPU µs/ev* is the user + system time per event of the gateway (its
+//!    whole life) and of the cloud (from the gateway's start), over the
+//!    whole run: steadier than the rates on a shared machine.
 //!
 //!    Pre-filling rather than feeding while shipping keeps the load
 //!    generator and the gateway's intake off the two cores while delivery
@@ -100,7 +103,7 @@
 //! Recorded numbers and their discussion: BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a broken bench should fail loudly
 
-use opgraph_tests::bench::rss_mb;
+use opgraph_tests::bench::{cpu_seconds, rss_mb};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -427,6 +430,9 @@ struct Delivery {
     /// without connecting and the transport's start-up.
     rate: f64,
     rss_peak_mb: f64,
+    /// CPU per event over the whole run, µs.
+    gateway_cpu_us: f64,
+    cloud_cpu_us: f64,
     retried: f64,
     reconnects: f64,
     /// What the kernel link's emulator carried, as a table note.
@@ -488,6 +494,8 @@ async fn deliver(
         None => cloud.receiver(transport),
     };
     let config = gateway_config(&gw_dir, transport, &endpoint, &cloud.cert(), uplink);
+    let cloud_pid = pid(&cloud.process);
+    let cloud_cpu_before = cpu_seconds(cloud_pid);
     let start = Instant::now();
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     let deadline = start + DELIVERY_LIMIT;
@@ -509,6 +517,9 @@ async fn deliver(
     let rate =
         from_tenth.map_or(whole, |(at, acked)| (last - acked) as f64 / at.elapsed().as_secs_f64());
     let (_, rss_peak_mb) = rss_mb(pid(&gateway.process));
+    let per_event_us = |seconds: f64| seconds * 1e6 / last as f64;
+    let gateway_cpu_us = per_event_us(cpu_seconds(pid(&gateway.process)));
+    let cloud_cpu_us = per_event_us(cpu_seconds(cloud_pid) - cloud_cpu_before);
     let metric =
         async |name: &str| gateway.metric(&format!("opgraph_gateway_{name}")).await.unwrap_or(0.0);
     let retried = metric("batches_retried_total").await;
@@ -533,7 +544,18 @@ async fn deliver(
         Some(tunlink) => Some(tunlink.stop(last).await),
         None => None,
     };
-    Delivery { fill, whole, rate, rss_peak_mb, retried, reconnects, carried, path }
+    Delivery {
+        fill,
+        whole,
+        rate,
+        rss_peak_mb,
+        gateway_cpu_us,
+        cloud_cpu_us,
+        retried,
+        reconnects,
+        carried,
+        path,
+    }
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -569,7 +591,7 @@ async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) 
         println!("    gateway [uplink] extra: {}", options.uplink.replace('\n', "; "));
     }
     println!(
-        "    round  side    fill ev/s  whole run ev/s  sustained ev/s  vs store  gateway peak RSS MB  batches retried  reconnects"
+        "    round  side    fill ev/s  whole run ev/s  sustained ev/s  vs store  gateway peak RSS MB  batches retried  reconnects  CPU us/ev gateway / cloud"
     );
     let (mut store, mut grpc, mut quic, mut ratios) = (vec![], vec![], vec![], vec![]);
     for round in 0..options.rounds {
@@ -611,7 +633,7 @@ async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) 
         lines.sort_by_key(|(i, _)| *i);
         for (i, d) in lines {
             println!(
-                "    {:>5}  {:<6}  {:>9.0}  {:>14.0}  {:>14.0}  {:>8.2}  {:>19.1}  {:>15.0}  {:>10.0}",
+                "    {:>5}  {:<6}  {:>9.0}  {:>14.0}  {:>14.0}  {:>8.2}  {:>19.1}  {:>15.0}  {:>10.0}  {:>17.1} / {:.1}",
                 round + 1,
                 if i == 1 { "grpc" } else { "quic" },
                 d.fill,
@@ -620,7 +642,9 @@ async fn delivery_benchmark(options: &Options, link: &Link, envelope: Envelope) 
                 d.rate / results[0],
                 d.rss_peak_mb,
                 d.retried,
-                d.reconnects
+                d.reconnects,
+                d.gateway_cpu_us,
+                d.cloud_cpu_us,
             );
             for note in [&d.path, &d.carried].into_iter().flatten() {
                 println!("    {:>5}  {:<6}  {note}", round + 1, "");
