@@ -147,7 +147,9 @@ async fn first_start_prints_and_saves_a_working_operator_key() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    drop(process);
+    // Waits for the exit: the data directory's lock goes with the process,
+    // and a restart that overtakes it is rightly refused.
+    process.terminate().await.unwrap();
 
     // A restart keeps the workspace and prints no new key.
     let process = Process::start("opgraph-cloud", &[], &env, &["http"]).await.unwrap();
