@@ -18,19 +18,22 @@ use crate::event::Event;
 /// Most envelopes in one batch body.
 pub const MAX_BATCH: usize = 1000;
 
-/// Validates a single envelope or a batch body received at `now_ms`.
-pub fn parse_body(body: &Value, now_ms: i64) -> Result<Vec<Event>> {
-    let Some(object) = body.as_object() else {
+/// Validates a single envelope or a batch body received at `now_ms`. The
+/// body's parts move into the events.
+pub fn parse_body(body: Value, now_ms: i64) -> Result<Vec<Event>> {
+    let Value::Object(mut object) = body else {
         return Err(not_an_object());
     };
-    match object.get("batch") {
-        None => Ok(vec![parse_envelope(body, now_ms)?]),
+    match object.remove("batch") {
+        None => Ok(vec![parse_envelope(Value::Object(object), now_ms)?]),
         Some(batch) => {
             only_batch(object.keys().map(String::as_str))?;
-            let items = batch.as_array().ok_or_else(not_an_array)?;
+            let Value::Array(items) = batch else {
+                return Err(not_an_array());
+            };
             batch_len(items.len())?;
             items
-                .iter()
+                .into_iter()
                 .enumerate()
                 .map(|(i, item)| parse_envelope(item, now_ms).map_err(|e| e.at_index("batch", i)))
                 .collect()
@@ -65,7 +68,7 @@ pub fn parse_body_bytes(bytes: &[u8], now_ms: i64) -> std::result::Result<Vec<Ev
     };
     let Some(batch) = fields.get("batch") else {
         let value: Value = serde_json::from_str(whole.get()).map_err(BodyError::Json)?;
-        return Ok(vec![parse_envelope(&value, now_ms)?]);
+        return Ok(vec![parse_envelope(value, now_ms)?]);
     };
     only_batch(fields.keys().map(String::as_str))?;
     let items: Vec<&RawValue> = serde_json::from_str(batch.get()).map_err(|_| not_an_array())?;
@@ -73,7 +76,7 @@ pub fn parse_body_bytes(bytes: &[u8], now_ms: i64) -> std::result::Result<Vec<Ev
     let mut events = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         let value: Value = serde_json::from_str(item.get()).map_err(BodyError::Json)?;
-        events.push(parse_envelope(&value, now_ms).map_err(|e| e.at_index("batch", i))?);
+        events.push(parse_envelope(value, now_ms).map_err(|e| e.at_index("batch", i))?);
     }
     Ok(events)
 }
@@ -105,8 +108,8 @@ fn batch_len(n: usize) -> Result<()> {
 }
 
 /// One envelope: the contract's validation plus [`check_entity`].
-pub fn parse_envelope(value: &Value, now_ms: i64) -> Result<Event> {
-    let event = Event::from_json(value, now_ms)?;
+pub fn parse_envelope(value: Value, now_ms: i64) -> Result<Event> {
+    let event = Event::from_value(value, now_ms)?;
     check_entity(&event)?;
     Ok(event)
 }
@@ -142,7 +145,7 @@ mod tests {
             Err(BodyError::Invalid(e)) => e,
             other => panic!("expected a validation error from bytes, got {other:?}"),
         };
-        match parse_body(&body, NOW) {
+        match parse_body(body.clone(), NOW) {
             Err(e) => {
                 assert_eq!(e, from_bytes, "{body}");
                 e.field
@@ -159,7 +162,7 @@ mod tests {
         ];
         for body in bodies {
             let from_bytes = parse_body_bytes(body.to_string().as_bytes(), NOW).unwrap();
-            assert_eq!(from_bytes, parse_body(&body, NOW).unwrap());
+            assert_eq!(from_bytes, parse_body(body.clone(), NOW).unwrap());
         }
         // Later duplicates win, as in a `Value`.
         let twice = br#"{"batch": [{"event": "a"}], "batch": [{"event": "b"}]}"#;
@@ -171,9 +174,9 @@ mod tests {
 
     #[test]
     fn single_and_batch_bodies() {
-        assert_eq!(parse_body(&json!({"event": "scan"}), NOW).unwrap().len(), 1);
+        assert_eq!(parse_body(json!({"event": "scan"}), NOW).unwrap().len(), 1);
         let body = json!({"batch": [{"event": "a"}, {"event": "b"}]});
-        let events = parse_body(&body, NOW).unwrap();
+        let events = parse_body(body.clone(), NOW).unwrap();
         assert_eq!(events.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         // No defaults are applied here.
         assert_eq!(events[0].timestamp, None);

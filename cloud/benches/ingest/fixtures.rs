@@ -157,7 +157,7 @@ pub fn raw_insert(dir: &Path, batches: &BodyMaker, warmup: Duration, measure: Du
     while timed < measure {
         let now = opgraph_cloud::now_ms();
         let body: Value = serde_json::from_slice(&batches()).expect("bench JSON");
-        let parsed = api::ingest::parse_body(&body, now).expect("valid batch");
+        let parsed = api::ingest::parse_body(body, now).expect("valid batch");
         let rows = prepare_events(
             parsed
                 .into_iter()

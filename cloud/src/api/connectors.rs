@@ -156,7 +156,7 @@ fn to_event(
     if let Value::Object(map) = &mut envelope {
         map.insert("businessId".into(), Value::String(business_id.to_owned()));
     }
-    let mut events = parse_body(&envelope, now).map_err(|e| match e {
+    let mut events = parse_body(envelope, now).map_err(|e| match e {
         Error::Validation { field: Some(field), message } if !field.is_empty() => {
             format!("{field}: {message}")
         }

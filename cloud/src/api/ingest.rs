@@ -48,7 +48,7 @@ pub async fn ingest(
     JsonBody(body): JsonBody,
 ) -> Result<impl IntoResponse> {
     principal.require(Scope::Ingest)?;
-    let outcome = accept(&state, &principal, &headers, &body).await;
+    let outcome = accept(&state, &principal, &headers, body).await;
     if let Err(e) = &outcome {
         state.metrics.reject(e.code());
     }
@@ -60,7 +60,7 @@ async fn accept(
     state: &AppState,
     principal: &Principal,
     headers: &HeaderMap,
-    body: &Value,
+    body: Value,
 ) -> Result<IngestResponse> {
     let idempotency_key = idempotency_key(headers)?;
     let now = crate::now_ms();
@@ -115,7 +115,7 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
 /// Validates a single envelope or a batch (the shared rules of
 /// [`opgraph_proto::envelope::parse_body`]) and applies the defaults, so
 /// that what is stored is complete.
-pub fn parse_body(body: &Value, now_ms: i64) -> Result<Vec<Event>> {
+pub fn parse_body(body: Value, now_ms: i64) -> Result<Vec<Event>> {
     opgraph_proto::envelope::parse_body(body, now_ms)?
         .into_iter()
         .map(|event| finish_envelope(event, now_ms))
@@ -141,7 +141,7 @@ mod tests {
     const NOW: i64 = 1_795_322_085_000;
 
     fn field_of(body: Value) -> Option<String> {
-        match parse_body(&body, NOW) {
+        match parse_body(body, NOW) {
             Err(Error::Validation { field, .. }) => field,
             other => panic!("expected a validation error, got {other:?}"),
         }
@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn defaults_are_applied() {
-        let events = parse_body(&json!({"event": "scan"}), NOW).unwrap();
+        let events = parse_body(json!({"event": "scan"}), NOW).unwrap();
         assert_eq!(events[0].timestamp, Some(NOW));
         assert_eq!(events[0].business_id.as_deref(), Some("default"));
         assert_eq!(events[0].trust_tier, Some(TrustTier::T0));

@@ -245,7 +245,7 @@ pub async fn scan(State(state): State<AppState>, request: Request<Body>) -> Resp
         let ip_hash = guard.client_ip(headers, peer).map(|ip| guard.hash_ip(ip));
         let envelope = scan_envelope(&target.trackable, headers, ip_hash.as_deref());
         let now = crate::now_ms();
-        let stored = match parse_body(&envelope, now) {
+        let stored = match parse_body(envelope, now) {
             Ok(events) => record(&state, &target.workspace_id, events, None, now, "scan").await,
             Err(e) => Err(e),
         };
@@ -356,7 +356,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::USER_AGENT, HeaderValue::from_static("Mozilla/5.0"));
         let envelope = scan_envelope(&trackable, &headers, Some("ab12"));
-        let events = parse_body(&envelope, crate::now_ms()).unwrap();
+        let events = parse_body(envelope.clone(), crate::now_ms()).unwrap();
         assert_eq!(events[0].event, "trackable.scanned");
         assert_eq!(envelope["context"], json!({"userAgent": "Mozilla/5.0", "ipHash": "ab12"}));
         assert_eq!(envelope["trackable"], json!({"kind": "qr_code", "code": "abc", "id": "trk_1"}));

@@ -392,7 +392,7 @@ pub async fn track(
         json!({"kind": trackable.kind.as_str(), "code": trackable.code, "id": trackable.id}),
     );
     let now = crate::now_ms();
-    let events = parse_body(&Value::Object(envelope), now)?;
+    let events = parse_body(Value::Object(envelope), now)?;
     let accepted = events.len();
     let result = record(&state, &principal.workspace_id, events, key, now, "track").await?;
     Ok((StatusCode::ACCEPTED, Json(IngestResponse { accepted, ids: result.ids })))
