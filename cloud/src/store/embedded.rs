@@ -361,6 +361,10 @@ const FTS_AUTOMERGE: i64 = 16;
 
 /// How much of the database file each connection maps.
 const MMAP_SIZE: i64 = 256 * 1024 * 1024;
+/// `cache_size` of every read connection and of the search index's own
+/// connections (negative: KiB), 64 MiB: per database, so each attached one
+/// needs it set too.
+const READ_CACHE_KIB: i64 = -65536;
 
 /// Statements kept prepared per connection. The write path alone uses more
 /// than rusqlite's default of 16, and an evicted statement is parsed and
@@ -431,7 +435,7 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.pragma_update(None, "busy_timeout", 5000)?;
-    conn.pragma_update(None, "cache_size", -65536)?;
+    conn.pragma_update(None, "cache_size", READ_CACHE_KIB)?;
     conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
     // Attribution sorts its candidate rows: in memory, not
     // in temporary files.
@@ -947,6 +951,15 @@ impl Store for EmbeddedStore {
     }
 }
 
+/// A store in a temporary directory that lives as long as the store is
+/// used: what the store's tests open.
+#[cfg(test)]
+fn temp_store() -> (EmbeddedStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open store");
+    (store, dir)
+}
+
 /// An event named `name`, received now: what the store's tests append.
 #[cfg(test)]
 fn test_event(name: &str) -> NewEvent {
@@ -959,14 +972,11 @@ fn test_event(name: &str) -> NewEvent {
 
 #[cfg(test)]
 mod conformance {
-    use super::{EmbeddedOptions, EmbeddedStore};
+    use super::EmbeddedStore;
 
     /// A fresh store in a temporary directory that lives as long as it.
     async fn open() -> (EmbeddedStore, tempfile::TempDir) {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let store =
-            EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open store");
-        (store, dir)
+        super::temp_store()
     }
 
     crate::store_conformance!(open);

@@ -291,10 +291,7 @@ mod tests {
     #[tokio::test]
     async fn a_replacement_that_reuses_the_seq_is_what_search_finds() {
         use crate::store::queries::{QueryStore, SearchQuery};
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
-                .unwrap();
+        let (store, _dir) = crate::store::embedded::temp_store();
         let now = crate::now_ms();
         let search = |text: &str| SearchQuery {
             text: text.into(),
@@ -327,10 +324,7 @@ mod tests {
 
     #[tokio::test]
     async fn resync_replaces_the_event_and_its_derived_rows() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
-                .unwrap();
+        let (store, _dir) = crate::store::embedded::temp_store();
         let ws = Workspace { id: "ws_a".into(), name: "a".into(), created_at: 0 };
         store.create_workspace(&ws).await.unwrap();
         let now = crate::now_ms();
@@ -400,10 +394,7 @@ mod tests {
     #[tokio::test]
     async fn a_replaced_event_keeps_the_actor_bounds_true() {
         use crate::store::queries::{QueryStore, Range, TotalsQuery};
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
-                .unwrap();
+        let (store, _dir) = crate::store::embedded::temp_store();
         let ws = Workspace { id: "ws_a".into(), name: "a".into(), created_at: 0 };
         store.create_workspace(&ws).await.unwrap();
         let now = crate::now_ms();

@@ -41,7 +41,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::{FTS_AUTOMERGE, MMAP_SIZE, open_reader, sql};
+use super::{FTS_AUTOMERGE, MMAP_SIZE, READ_CACHE_KIB, open_reader, sql};
 use crate::error::{Error, Result};
 use crate::store::columns::search_text_of;
 
@@ -212,7 +212,7 @@ pub(super) fn attach(conn: &Connection, db_path: &Path) -> rusqlite::Result<()> 
     conn.execute("ATTACH DATABASE ?1 AS search", [path.to_string_lossy()])?;
     // Cache and mapping are per database: without these the index would
     // be read through SQLite's 2 MB default cache, a pread per page.
-    conn.pragma_update(Some("search"), "cache_size", -65536)?;
+    conn.pragma_update(Some("search"), "cache_size", READ_CACHE_KIB)?;
     conn.pragma_update(Some("search"), "mmap_size", MMAP_SIZE)
 }
 
@@ -246,7 +246,7 @@ fn open_index(path: &Path) -> rusqlite::Result<Connection> {
     // the file; the lost part is indexed again from the events.
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "busy_timeout", 5000)?;
-    conn.pragma_update(None, "cache_size", -65536)?;
+    conn.pragma_update(None, "cache_size", READ_CACHE_KIB)?;
     conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
     conn.execute_batch(SCHEMA)?;
     // FTS5 merges a level's segments once `automerge` of them exist; its

@@ -225,10 +225,7 @@ mod tests {
     }
 
     async fn store() -> (tempfile::TempDir, EmbeddedStore) {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            EmbeddedStore::open(dir.path(), crate::store::embedded::EmbeddedOptions::default())
-                .unwrap();
+        let (store, dir) = crate::store::embedded::temp_store();
         for ws in ["ws_a", "ws_b"] {
             let workspace = Workspace { id: ws.into(), name: ws.into(), created_at: 0 };
             store.create_workspace(&workspace).await.unwrap();
