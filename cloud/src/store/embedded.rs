@@ -1003,9 +1003,10 @@ mod search_index {
     async fn indexed(store: &EmbeddedStore, text: &'static str) -> i64 {
         store
             .read(move |conn| {
+                let needle = search::Needle::new(text).expect("a trigram at least");
                 conn.query_row(
-                    "SELECT count(*) FROM search.events_fts WHERE body MATCH ?1",
-                    [text],
+                    "SELECT count(*) FROM search.events_fts(?1)",
+                    [needle.expression()],
                     |r| r.get(0),
                 )
                 .map_err(Error::internal)
@@ -1137,6 +1138,94 @@ mod search_index {
         std::fs::write(&index, vec![0x5a_u8; 64 * 1024]).expect("damage the index");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
         assert_eq!(store.search_events("ws", &query("sealed")).await.unwrap().total, 3);
+    }
+
+    #[tokio::test]
+    async fn a_needle_is_found_whole_not_as_scattered_trigrams() {
+        let (store, _dir) = super::temp_store();
+        // Each holds every trigram of "abcabc" (abc, bca, cab); only the
+        // last two hold it whole, one in another case.
+        let codes = ["abc-bca-cab", "abcab", "xxABCabcxx", "abcabc"];
+        let events = codes
+            .iter()
+            .map(|code| {
+                let mut e = event("probe.sent");
+                e.event.properties = Some(
+                    serde_json::json!({ "code": code }).as_object().cloned().unwrap_or_default(),
+                );
+                e
+            })
+            .collect();
+        let request = AppendRequest { events, idempotency_key: None };
+        store.append_events("ws", request).await.expect("append");
+        for needle in ["abcabc", "ABCABC", "cAbC"] {
+            let found = store.search_events("ws", &query(needle)).await.unwrap();
+            let mut codes: Vec<_> = found
+                .events
+                .iter()
+                .map(|e| e.envelope["properties"]["code"].as_str().unwrap_or("").to_owned())
+                .collect();
+            codes.sort();
+            assert_eq!(
+                (found.total, codes),
+                (2, vec!["abcabc".to_owned(), "xxABCabcxx".to_owned()]),
+                "{needle}"
+            );
+        }
+        assert_eq!(store.search_events("ws", &query("abc-bca")).await.unwrap().total, 1);
+        assert_eq!(
+            store.search_events("ws", &query("ab")).await.unwrap().total,
+            0,
+            "shorter than a trigram"
+        );
+    }
+
+    #[test]
+    fn a_needle_asks_the_index_for_trigrams_covering_it() {
+        let expression = |text: &str| search::Needle::new(text).map(|n| n.expression().to_owned());
+        assert_eq!(expression("ab"), None);
+        assert_eq!(expression("abc").as_deref(), Some(r#""abc""#));
+        // Every third and the last, each once, quotes doubled.
+        assert_eq!(expression("pallet-7").as_deref(), Some(r#""let" AND "pal" AND "t-7""#));
+        assert_eq!(expression(r#"a"b"c"#).as_deref(), Some(r#""a""b" AND "b""c""#));
+        assert_eq!(expression("abcabc").as_deref(), Some(r#""abc""#));
+    }
+
+    #[tokio::test]
+    async fn an_index_of_an_older_layout_is_rebuilt() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        store.append_events("ws", events_named("crate.sealed", 3)).await.expect("append");
+        store.close().await.expect("close");
+        drop(store);
+        // The layout before `detail = 'none'`, claiming every event indexed
+        // while holding none of them.
+        let path = dir.path().join(search::SEARCH_FILE);
+        std::fs::remove_file(&path).expect("remove the index");
+        let index = rusqlite::Connection::open(&path).expect("open index");
+        index
+            .execute_batch(
+                "CREATE VIRTUAL TABLE events_fts USING fts5 (
+                    body, content = '', contentless_delete = 1, tokenize = 'trigram');
+                 CREATE TABLE progress (one INTEGER PRIMARY KEY, seq INTEGER, removed INTEGER);
+                 INSERT INTO progress VALUES (1, 3, 0);",
+            )
+            .expect("the older index");
+        drop(index);
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("reopen");
+        assert_eq!(store.search_events("ws", &query("sealed")).await.unwrap().total, 3);
+        let made: String = store
+            .read(|conn| {
+                conn.query_row(
+                    "SELECT sql FROM search.sqlite_master WHERE name = 'events_fts'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(Error::internal)
+            })
+            .await
+            .expect("read the index's layout");
+        assert!(made.contains("detail = 'none'"), "{made}");
     }
 
     #[tokio::test]

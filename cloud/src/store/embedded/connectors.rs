@@ -372,7 +372,10 @@ mod tests {
                         one("SELECT sum(revenue) FROM event_counts_hourly")?,
                     ),
                     one("SELECT sum(count) FROM relationships")?,
-                    one("SELECT count(*) FROM search.events_fts WHERE body MATCH 'total'")?,
+                    one(&format!(
+                        "SELECT count(*) FROM search.events_fts('{}')",
+                        super::super::search::Needle::new("total").expect("a trigram").expression()
+                    ))?,
                     one("SELECT sum(events_ingested) FROM usage_daily")?,
                 ))
             })

@@ -18,6 +18,7 @@ use rusqlite::types::{ToSql, Value as SqlValue};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::events::HOUR_MS;
+use super::search::{self, BODY_COLUMNS, Needle};
 use super::{EmbeddedStore, journeys, sql};
 use crate::error::{Error, Result};
 use crate::store::StoredEvent;
@@ -277,15 +278,14 @@ fn series(conn: &Connection, ws: &str, query: &SeriesQuery) -> Result<Vec<Series
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
 }
 
-/// An FTS5 phrase matching `text` literally (quotes doubled).
-fn fts_phrase(text: &str) -> String {
-    format!("\"{}\"", text.replace('"', "\"\""))
-}
-
 fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
+    let mut found = SearchResult { events: Vec::new(), total: 0, total_capped: false };
+    let Some(needle) = Needle::new(&query.text) else {
+        return Ok(found);
+    };
     let mut q = Sql::default();
     q.bind(":ws", ws.to_owned());
-    q.bind(":match", fts_phrase(&query.text));
+    q.bind(":match", needle.expression().to_owned());
     let mut filter = String::new();
     if let Some(r) = query.range {
         filter.push_str(" AND e.ts >= :from AND e.ts < :to");
@@ -300,43 +300,44 @@ fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResu
         filter.push_str(" AND e.business_id = :biz");
         q.bind(":biz", b.clone());
     }
-    // The index gives candidates of every workspace; the join keeps ours.
-    let from = format!(
-        "FROM search.events_fts AS f CROSS JOIN events AS e ON e.seq = f.rowid
-         WHERE f.body MATCH :match AND e.workspace_id = :ws{filter}"
-    );
-    let mut list = q.args.clone();
-    list.push((":limit".into(), int(query.limit).into()));
-    let list_params: Vec<(&str, &dyn ToSql)> =
-        list.iter().map(|(n, v)| (n.as_str(), v as &dyn ToSql)).collect();
-    let mut stmt = conn
+    // The index gives candidates of every workspace, newest first; the join
+    // keeps ours. Only their `seq` is sorted: each is read and checked in
+    // turn, until the page is full and the count reaches its cap.
+    let mut candidates = conn
         .prepare_cached(&format!(
-            "SELECT e.id, e.received_at, e.envelope {from} ORDER BY e.ts DESC, e.seq DESC
-             LIMIT :limit"
+            "SELECT e.seq FROM search.events_fts(:match) AS f
+             CROSS JOIN events AS e ON e.seq = f.rowid
+             WHERE e.workspace_id = :ws{filter} ORDER BY e.ts DESC, e.seq DESC"
         ))
         .map_err(sql)?;
-    let rows = stmt
-        .query_map(list_params.as_slice(), |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?))
-        })
+    let mut read = conn
+        .prepare_cached(&format!(
+            "SELECT id, received_at, {BODY_COLUMNS} FROM events WHERE seq = ?1"
+        ))
         .map_err(sql)?;
-    let mut events = Vec::new();
-    for row in rows {
-        let (id, received_at, envelope) = row.map_err(sql)?;
-        let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
-        events.push(StoredEvent { id, received_at, envelope });
+    let mut rows = candidates.query(q.params().as_slice()).map_err(sql)?;
+    while found.total <= SEARCH_COUNT_CAP {
+        let Some(row) = rows.next().map_err(sql)? else { break };
+        let seq: i64 = row.get(0).map_err(sql)?;
+        let hit = read
+            .query_row([seq], |r| {
+                if !needle.found_in(&search::body(r, 2)?) {
+                    return Ok(None);
+                }
+                // The envelope is the last of the body's columns.
+                Ok(Some((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(7)?)))
+            })
+            .map_err(sql)?;
+        let Some((id, received_at, envelope)) = hit else { continue };
+        found.total += 1;
+        if found.events.len() < query.limit {
+            let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
+            found.events.push(StoredEvent { id, received_at, envelope });
+        }
     }
-    q.bind(":cap", i64::try_from(SEARCH_COUNT_CAP + 1).unwrap_or(i64::MAX));
-    let total = conn
-        .prepare_cached(&format!("SELECT count(*) FROM (SELECT 1 {from} LIMIT :cap)"))
-        .and_then(|mut s| s.query_row(q.params().as_slice(), |r| r.get::<_, i64>(0)))
-        .map(count)
-        .map_err(sql)?;
-    Ok(SearchResult {
-        events,
-        total: total.min(SEARCH_COUNT_CAP),
-        total_capped: total > SEARCH_COUNT_CAP,
-    })
+    found.total_capped = found.total > SEARCH_COUNT_CAP;
+    found.total = found.total.min(SEARCH_COUNT_CAP);
+    Ok(found)
 }
 
 fn run_filter() -> String {
@@ -972,10 +973,5 @@ mod tests {
                 .unwrap(),
             3
         );
-    }
-
-    #[test]
-    fn fts_phrase_doubles_quotes() {
-        assert_eq!(fts_phrase(r#"a"b"#), r#""a""b""#);
     }
 }
