@@ -118,6 +118,16 @@ impl Event {
         put(&mut out, "messageId", &self.message_id, text);
         Value::Object(out)
     }
+
+    /// The public JSON envelope as text, written straight from the event:
+    /// [`Event::to_json`] first copies every string and map into a
+    /// `Value`. Keys come in field order rather than sorted; the object is
+    /// the same.
+    pub fn to_json_text(&self) -> String {
+        // Serializing cannot fail (every map key is a string), but should
+        // it, the copying path gives the same object.
+        serde_json::to_string(self).unwrap_or_else(|_| self.to_json().to_string())
+    }
 }
 
 /// An actor or object: a plain string, or a typed reference.
@@ -245,6 +255,8 @@ mod tests {
         let e = Event::named("page.viewed");
         assert_eq!(e.to_json(), json!({"event": "page.viewed"}));
         assert_eq!(serde_json::to_value(&e).unwrap(), e.to_json());
+        let text: Value = serde_json::from_str(&e.to_json_text()).unwrap();
+        assert_eq!(text, e.to_json());
     }
 
     #[test]

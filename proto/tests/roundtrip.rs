@@ -177,6 +177,8 @@ proptest! {
         let event = Event::from_json(&v, NOW).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(&event.to_json(), &v);
         prop_assert_eq!(&serde_json::to_value(&event).unwrap(), &v);
+        let text: serde_json::Value = serde_json::from_str(&event.to_json_text()).unwrap();
+        prop_assert_eq!(&text, &v);
 
         let msg = event.to_pb("evt_1".into(), seq);
         let bytes = msg.encode_to_vec();

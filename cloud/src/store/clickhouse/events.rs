@@ -113,7 +113,7 @@ pub fn to_row(ws: &str, new: NewEvent) -> EventRow {
             .unwrap_or_default(),
         has_revenue: u8::from(revenue.is_some()),
         revenue: revenue.unwrap_or(0.0),
-        envelope: e.to_json().to_string(),
+        envelope: e.to_json_text(),
         event: e.event,
         actor_type,
         actor_id,

@@ -88,7 +88,7 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
                     .or_else(|| text_at(e.attribution.as_ref(), "channel")),
                 campaign: text_at(e.source.as_ref(), "campaign")
                     .or_else(|| text_at(e.attribution.as_ref(), "campaign")),
-                envelope: e.to_json().to_string(),
+                envelope: e.to_json_text(),
                 event: e.event,
                 revenue,
                 actor,
