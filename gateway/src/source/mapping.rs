@@ -181,6 +181,15 @@ impl Pointer {
             _ => None,
         })
     }
+
+    /// Like [`Pointer::find`], for taking the value out.
+    fn find_mut<'v>(&self, root: &'v mut Value) -> Option<&'v mut Value> {
+        self.tokens.iter().try_fold(root, |at, token| match at {
+            Value::Object(map) => map.get_mut(token),
+            Value::Array(items) => array_index(token).and_then(|i| items.get_mut(i)),
+            _ => None,
+        })
+    }
 }
 
 /// An array index as RFC 6901 writes it: digits, no sign, no leading zero.
@@ -246,6 +255,8 @@ pub struct Rule {
     timestamp: Option<Template>,
     timestamp_unit: TimeUnit,
     throttle: Option<ThrottleConfig>,
+    /// Whether the payload's values move into the envelope ([`apart`]).
+    moves: bool,
 }
 
 /// The message's parts a template reads.
@@ -254,6 +265,8 @@ struct Input<'a> {
     topic: &'a str,
     payload: Value,
     json: bool,
+    /// Lone pointer placeholders take their value out of `payload`.
+    moves: bool,
 }
 
 /// A message turned into an envelope (not yet validated) plus the device's
@@ -411,14 +424,16 @@ impl Rule {
                 }
             }
         };
-        let uses_pointer = fields.iter().any(|(_, t)| t.uses_pointer())
-            || timestamp.as_ref().is_some_and(Template::uses_pointer);
+        let mut refs = Vec::new();
+        fields.iter().map(|(_, t)| t).chain(&timestamp).for_each(|t| t.refs(&mut refs));
+        let uses_pointer = refs.iter().any(|r| matches!(r, Ref::Pointer(_)));
         if uses_pointer && config.payload != PayloadFormat::Json {
             problems.push(format!("{path}.payload: /pointer placeholders need payload = \"json\""));
         }
         if !problems.is_empty() {
             return Err(problems);
         }
+        let moves = apart(&refs);
         Ok(Rule {
             filter,
             subscription: subscription.join("/"),
@@ -427,6 +442,7 @@ impl Rule {
             timestamp,
             timestamp_unit: config.timestamp_unit,
             throttle: config.throttle.clone(),
+            moves,
         })
     }
 
@@ -472,10 +488,11 @@ impl Rule {
             ),
             PayloadFormat::Bytes => (Value::String(opgraph_proto::ids::hex(payload)), false),
         };
-        let input = Input { segments: topic.split('/').collect(), topic, payload, json };
+        let mut input =
+            Input { segments: topic.split('/').collect(), topic, payload, json, moves: self.moves };
         let mut envelope = Map::new();
         for (key, template) in &self.fields {
-            if let Some(value) = template.render(&input, Path::Field(key))? {
+            if let Some(value) = template.render(&mut input, Path::Field(key))? {
                 envelope.insert((*key).to_owned(), value);
             }
         }
@@ -484,7 +501,7 @@ impl Rule {
         }
         let device_time_ms = match &self.timestamp {
             None => None,
-            Some(t) => match t.render(&input, Path::Field("timestamp"))? {
+            Some(t) => match t.render(&mut input, Path::Field("timestamp"))? {
                 None => None,
                 Some(value) => Some(device_time(&value, self.timestamp_unit)?),
             },
@@ -520,22 +537,27 @@ fn device_time(value: &Value, unit: TimeUnit) -> Result<i64, Reject> {
 }
 
 impl Template {
-    fn uses_pointer(&self) -> bool {
+    /// Every placeholder it reads, in order, appended to `out`.
+    fn refs<'t>(&'t self, out: &mut Vec<&'t Ref>) {
         match self {
-            Template::Literal(_) => false,
-            Template::Single(r) => matches!(r, Ref::Pointer(_)),
-            Template::Text(pieces) => {
-                pieces.iter().any(|p| matches!(p, Piece::Ref(Ref::Pointer(_))))
-            }
-            Template::Object(fields) => fields.iter().any(|(_, t)| t.uses_pointer()),
-            Template::Array(items) => items.iter().any(Template::uses_pointer),
+            Template::Literal(_) => {}
+            Template::Single(r) => out.push(r),
+            Template::Text(pieces) => out.extend(pieces.iter().filter_map(|p| match p {
+                Piece::Ref(r) => Some(r),
+                Piece::Text(_) => None,
+            })),
+            Template::Object(fields) => fields.iter().for_each(|(_, t)| t.refs(out)),
+            Template::Array(items) => items.iter().for_each(|t| t.refs(out)),
         }
     }
 
     /// The value, or `None` when a lone placeholder refers to nothing.
-    fn render(&self, input: &Input<'_>, path: Path<'_>) -> Result<Option<Value>, Reject> {
+    fn render(&self, input: &mut Input<'_>, path: Path<'_>) -> Result<Option<Value>, Reject> {
         Ok(match self {
             Template::Literal(v) => Some(v.clone()),
+            Template::Single(Ref::Pointer(p)) if input.moves && input.json => {
+                p.find_mut(&mut input.payload).map(std::mem::take).filter(|v| !v.is_null())
+            }
             Template::Single(r) => resolve(r, input),
             Template::Text(pieces) => {
                 let mut out = String::new();
@@ -583,6 +605,26 @@ fn describe(r: &Ref) -> String {
         Ref::Topic => "the topic".to_owned(),
         Ref::Payload => "the payload".to_owned(),
     }
+}
+
+/// Whether a rule's placeholders may take their values out of the payload
+/// instead of copying them (a copy, and the drop of the original, was about
+/// a tenth of the gateway's mapping time): every pointer reads a part of
+/// the payload that no other placeholder reads, none lying within another,
+/// and none reads the whole payload.
+fn apart(refs: &[&Ref]) -> bool {
+    let mut pointers: Vec<&[String]> = Vec::new();
+    for r in refs {
+        match r {
+            Ref::Payload => return false,
+            Ref::Pointer(p) => pointers.push(&p.tokens),
+            Ref::Segment(_) | Ref::Topic => {}
+        }
+    }
+    pointers
+        .iter()
+        .enumerate()
+        .all(|(i, a)| pointers[i + 1..].iter().all(|b| !a.starts_with(b) && !b.starts_with(a)))
 }
 
 fn resolve(r: &Ref, input: &Input<'_>) -> Option<Value> {

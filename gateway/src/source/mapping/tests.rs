@@ -244,3 +244,64 @@ fn a_missing_field_names_its_place_in_the_rule() {
     let err = rule.apply("t", br#"{"here": 1}"#).unwrap_err();
     assert_eq!(err.to_string(), "properties.outer.list[1]: payload /gone is absent");
 }
+
+#[test]
+fn compiled_pointers_take_what_they_find() {
+    let doc = json!({"a/b": 1, "arr": [10, 11, {"x": 12}], "nested": {"deep": {"er": true}}});
+    for p in ["/a~1b", "/arr/1", "/arr/2/x", "/nested/deep", "/arr/01", "/missing"] {
+        let mut taken = doc.clone();
+        let found = Pointer::new(p).find_mut(&mut taken).map(std::mem::take);
+        assert_eq!(found.as_ref(), doc.pointer(p), "{p}");
+    }
+}
+
+#[test]
+fn values_move_only_when_no_two_placeholders_read_the_same_part() {
+    let payload = br#"{"id": "t-1", "v": {"x": 1, "y": [2, 3]}, "ts": 1700000000000}"#;
+    let cases = [
+        // Apart: each value moves.
+        (
+            r#"properties = { id = "{/id}", v = "{/v}" }"#,
+            true,
+            json!({"id": "t-1", "v": {"x": 1, "y": [2, 3]}}),
+        ),
+        // The same pointer twice: the second still finds it.
+        (
+            r#"properties = { id = "{/id}", again = "{/id}" }"#,
+            false,
+            json!({"id": "t-1", "again": "t-1"}),
+        ),
+        // One within another.
+        (
+            r#"properties = { v = "{/v}", x = "{/v/x}" }"#,
+            false,
+            json!({"v": {"x": 1, "y": [2, 3]}, "x": 1}),
+        ),
+        (
+            r#"properties = { x = "{/v/x}", v = "{/v}" }"#,
+            false,
+            json!({"x": 1, "v": {"x": 1, "y": [2, 3]}}),
+        ),
+        // Read in a text, then alone.
+        (
+            r#"properties = { label = "tag {/id}", id = "{/id}" }"#,
+            false,
+            json!({"label": "tag t-1", "id": "t-1"}),
+        ),
+        // The whole payload beside a pointer.
+        (
+            r#"properties = { all = "{$payload}", id = "{/id}" }"#,
+            false,
+            json!({"all": {"id": "t-1", "v": {"x": 1, "y": [2, 3]}, "ts": 1700000000000_i64}, "id": "t-1"}),
+        ),
+    ];
+    for (properties, moves, expected) in cases {
+        let rule = rule(&format!(
+            "topic = \"tags/{{reader}}\"\nevent = \"tag.read\"\ntimestamp = \"{{/ts}}\"\n{properties}"
+        ));
+        assert_eq!(rule.moves, moves, "{properties}");
+        let mapped = rule.apply("tags/r1", payload).unwrap();
+        assert_eq!(mapped.envelope["properties"], expected, "{properties}");
+        assert_eq!(mapped.device_time_ms, Some(1_700_000_000_000), "{properties}");
+    }
+}
