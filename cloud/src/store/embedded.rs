@@ -1125,13 +1125,18 @@ mod search_index {
         assert_eq!(store.search_events("ws", &query("tote")).await.unwrap().total, 2);
     }
 
-    #[tokio::test]
-    async fn a_damaged_index_is_rebuilt_and_the_store_opens() {
+    /// A store holding three `crate.sealed` events, closed cleanly.
+    async fn three_sealed_crates_closed() -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
         store.append_events("ws", events_named("crate.sealed", 3)).await.expect("append");
         store.close().await.expect("close");
-        drop(store);
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_damaged_index_is_rebuilt_and_the_store_opens() {
+        let dir = three_sealed_crates_closed().await;
         // Closed cleanly: the index's log is folded into its file and gone.
         let index = dir.path().join(search::SEARCH_FILE);
         assert!(!dir.path().join(format!("{}-wal", search::SEARCH_FILE)).exists());
@@ -1193,11 +1198,7 @@ mod search_index {
 
     #[tokio::test]
     async fn an_index_of_an_older_layout_is_rebuilt() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
-        store.append_events("ws", events_named("crate.sealed", 3)).await.expect("append");
-        store.close().await.expect("close");
-        drop(store);
+        let dir = three_sealed_crates_closed().await;
         // The layout before `detail = 'none'`, claiming every event indexed
         // while holding none of them.
         let path = dir.path().join(search::SEARCH_FILE);
