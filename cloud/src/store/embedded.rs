@@ -1185,6 +1185,77 @@ mod search_index {
         );
     }
 
+    #[tokio::test]
+    async fn a_walked_search_and_a_sorted_one_give_the_same_answer() {
+        use super::queries::{SearchPlan, search_planned};
+        use crate::store::queries::Range;
+        let (store, _dir) = super::temp_store();
+        // Times out of `seq` order and tied; every code holds "robot".
+        let t0 = 1_700_000_000_000_i64;
+        let events: Vec<_> = (0..60_i64)
+            .map(|i| {
+                let mut e = event(if i % 3 == 0 { "robot.moved" } else { "tag.read" });
+                e.event.timestamp = Some(t0 + (i * 7919) % 23 * 1000);
+                e.event.business_id = Some(if i % 2 == 0 { "north" } else { "south" }.into());
+                let props = serde_json::json!({ "code": format!("R{:02}-robot", i % 7), "n": i });
+                e.event.properties = props.as_object().cloned();
+                e
+            })
+            .collect();
+        // Newest first, ties by `seq` (the order of appending), as answered.
+        let mut newest: Vec<_> =
+            events.iter().enumerate().map(|(i, e)| (e.event.timestamp, i, e.id.clone())).collect();
+        newest.sort_by_key(|(ts, i, _)| std::cmp::Reverse((*ts, *i)));
+        let newest: Vec<String> = newest.into_iter().take(10).map(|(_, _, id)| id).collect();
+        store.append_events("ws", AppendRequest { events, idempotency_key: None }).await.unwrap();
+        store.append_events("other", events_named("robot.moved", 5)).await.unwrap();
+        store.wait_for_search_index().await.unwrap();
+
+        let plans = [
+            ("sorted", SearchPlan { probe: i64::MAX, walk: u64::MAX }),
+            ("walked", SearchPlan { probe: 1, walk: u64::MAX }),
+            ("walk given up", SearchPlan { probe: 1, walk: 3 }),
+        ];
+        let range = Range { from: t0 + 5_000, to: t0 + 12_000 };
+        let queries = [
+            query("robot"),
+            query("ROBOT"),
+            query("r03-rob"),
+            query("tag.read"),
+            SearchQuery { event: Some("tag.read".into()), ..query("robot") },
+            SearchQuery { business_id: Some("north".into()), limit: 4, ..query("robot") },
+            SearchQuery { range: Some(range), limit: 3, ..query("robot") },
+            query("nowhere"),
+        ];
+        for q in queries {
+            let mut answers = Vec::new();
+            for (name, plan) in plans {
+                let q = q.clone();
+                let found = store
+                    .read(move |conn| search_planned(conn, "ws", &q, plan))
+                    .await
+                    .expect("search");
+                let ids: Vec<String> = found.events.into_iter().map(|e| e.id).collect();
+                answers.push((name, ids, found.total));
+            }
+            for answer in &answers[1..] {
+                assert_eq!(
+                    (&answer.1, answer.2),
+                    (&answers[0].1, answers[0].2),
+                    "{} {q:?}",
+                    answer.0
+                );
+            }
+            if q.text == "robot"
+                && q.event.is_none()
+                && q.business_id.is_none()
+                && q.range.is_none()
+            {
+                assert_eq!((&answers[0].1, answers[0].2), (&newest, 60));
+            }
+        }
+    }
+
     #[test]
     fn a_needle_asks_the_index_for_trigrams_covering_it() {
         let expression = |text: &str| search::Needle::new(text).map(|n| n.expression().to_owned());

@@ -278,14 +278,52 @@ fn series(conn: &Connection, ws: &str, query: &SeriesQuery) -> Result<Vec<Series
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
 }
 
+/// How a search chooses between its two ways ([`search_planned`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SearchPlan {
+    /// Index candidates counted before a needle counts as common.
+    pub probe: i64,
+    /// Events a walk reads at most before it gives up for the sort.
+    pub walk: u64,
+}
+
+/// Common from 50 000 candidates. A walk reads at most 2000 events: enough
+/// for a page of 100 of a needle that one event in twenty holds.
+/// Candidates are no measure of matches (an EPC fragment's trigrams are in
+/// far more events than the fragment), so rarer needles often try the walk
+/// and give up. At 10 M events that and the probe cost a search of a
+/// robot id or an EPC fragment 20–35 ms, while `robot` went from 1.3–5 s
+/// to 30–50 ms; a probe of 500 000 cost `robot` 30 ms more and saved the
+/// others nothing (BENCHMARKS.md, 26 November, late afternoon).
+const SEARCH_PLAN: SearchPlan = SearchPlan { probe: 50_000, walk: 2_000 };
+
 fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
-    let mut found = SearchResult { events: Vec::new(), total: 0, total_capped: false };
+    search_planned(conn, ws, query, SEARCH_PLAN)
+}
+
+/// A search, exact either way:
+/// - **Sorted** (most needles): the index's candidates are joined to
+///   their events, sorted newest first by `seq` alone, then read and
+///   checked in turn until the page is full and the count reaches its cap.
+/// - **Walked** (a needle with at least `plan.probe` candidates, such as
+///   `robot` in a fleet's store, where joining and sorting millions took
+///   seconds): the page comes from the workspace's events newest first
+///   (`events_ts`), each checked, which finds a common needle's newest
+///   matches within a few rows; the count reads candidates unsorted up to
+///   its cap. A walk that reads `plan.walk` events without filling the
+///   page (the needle is common elsewhere, rare here) gives way to the
+///   sort.
+pub(super) fn search_planned(
+    conn: &Connection,
+    ws: &str,
+    query: &SearchQuery,
+    plan: SearchPlan,
+) -> Result<SearchResult> {
     let Some(needle) = Needle::new(&query.text) else {
-        return Ok(found);
+        return Ok(SearchResult { events: Vec::new(), total: 0, total_capped: false });
     };
     let mut q = Sql::default();
     q.bind(":ws", ws.to_owned());
-    q.bind(":match", needle.expression().to_owned());
     let mut filter = String::new();
     if let Some(r) = query.range {
         filter.push_str(" AND e.ts >= :from AND e.ts < :to");
@@ -300,44 +338,124 @@ fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResu
         filter.push_str(" AND e.business_id = :biz");
         q.bind(":biz", b.clone());
     }
-    // The index gives candidates of every workspace, newest first; the join
-    // keeps ours. Only their `seq` is sorted: each is read and checked in
-    // turn, until the page is full and the count reaches its cap.
-    let mut candidates = conn
-        .prepare_cached(&format!(
+    let mut indexed = q.clone();
+    indexed.bind(":match", needle.expression().to_owned());
+    // The index gives candidates of every workspace; the join keeps ours.
+    let candidates = |order: &str| {
+        format!(
             "SELECT e.seq FROM search.events_fts(:match) AS f
              CROSS JOIN events AS e ON e.seq = f.rowid
-             WHERE e.workspace_id = :ws{filter} ORDER BY e.ts DESC, e.seq DESC"
-        ))
-        .map_err(sql)?;
+             WHERE e.workspace_id = :ws{filter}{order}"
+        )
+    };
+    let common = conn
+        .prepare_cached("SELECT count(*) FROM (SELECT 1 FROM search.events_fts(?1) LIMIT ?2)")
+        .and_then(|mut s| {
+            s.query_row(params![needle.expression(), plan.probe], |r| r.get::<_, i64>(0))
+        })
+        .map_err(sql)?
+        >= plan.probe;
     let mut read = conn
         .prepare_cached(&format!(
             "SELECT id, received_at, {BODY_COLUMNS} FROM events WHERE seq = ?1"
         ))
         .map_err(sql)?;
-    let mut rows = candidates.query(q.params().as_slice()).map_err(sql)?;
-    while found.total <= SEARCH_COUNT_CAP {
+    if common && let Some(events) = walk(conn, &needle, &q, &filter, query.limit, plan.walk)? {
+        let mut unsorted = conn.prepare_cached(&candidates("")).map_err(sql)?;
+        let mut rows = unsorted.query(indexed.params().as_slice()).map_err(sql)?;
+        let (_, total) = check_in_turn(&mut rows, &mut read, &needle, 0)?;
+        return Ok(found(events, total));
+    }
+    let mut sorted =
+        conn.prepare_cached(&candidates(" ORDER BY e.ts DESC, e.seq DESC")).map_err(sql)?;
+    let mut rows = sorted.query(indexed.params().as_slice()).map_err(sql)?;
+    let (events, total) = check_in_turn(&mut rows, &mut read, &needle, query.limit)?;
+    Ok(found(events, total))
+}
+
+/// A page and a count that stopped one past the cap, as answered.
+fn found(events: Vec<StoredEvent>, total: u64) -> SearchResult {
+    SearchResult {
+        events,
+        total: total.min(SEARCH_COUNT_CAP),
+        total_capped: total > SEARCH_COUNT_CAP,
+    }
+}
+
+/// Reads the events at the `seq`s `rows` gives, in that order, and checks
+/// each for the needle, until the rows end or one more than the cap hold
+/// it: the first `limit` of them, and how many.
+fn check_in_turn(
+    rows: &mut rusqlite::Rows<'_>,
+    read: &mut rusqlite::CachedStatement<'_>,
+    needle: &Needle,
+    limit: usize,
+) -> Result<(Vec<StoredEvent>, u64)> {
+    let mut events = Vec::new();
+    let mut total = 0u64;
+    while total <= SEARCH_COUNT_CAP {
         let Some(row) = rows.next().map_err(sql)? else { break };
         let seq: i64 = row.get(0).map_err(sql)?;
-        let hit = read
-            .query_row([seq], |r| {
-                if !needle.found_in(&search::body(r, 2)?) {
-                    return Ok(None);
-                }
-                // The envelope is the last of the body's columns.
-                Ok(Some((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(7)?)))
-            })
-            .map_err(sql)?;
+        let hit = read.query_row([seq], |r| checked(r, needle)).map_err(sql)?;
         let Some((id, received_at, envelope)) = hit else { continue };
-        found.total += 1;
-        if found.events.len() < query.limit {
-            let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
-            found.events.push(StoredEvent { id, received_at, envelope });
+        total += 1;
+        if events.len() < limit {
+            events.push(stored(id, received_at, &envelope)?);
         }
     }
-    found.total_capped = found.total > SEARCH_COUNT_CAP;
-    found.total = found.total.min(SEARCH_COUNT_CAP);
-    Ok(found)
+    Ok((events, total))
+}
+
+/// Id, receive time and envelope of a row read as `id, received_at,
+/// {BODY_COLUMNS}`, if its text holds the needle.
+fn checked(
+    r: &rusqlite::Row<'_>,
+    needle: &Needle,
+) -> rusqlite::Result<Option<(String, i64, String)>> {
+    if !needle.found_in(&search::body(r, 2)?) {
+        return Ok(None);
+    }
+    // The envelope is the last of the body's columns.
+    Ok(Some((r.get(0)?, r.get(1)?, r.get(7)?)))
+}
+
+fn stored(id: String, received_at: i64, envelope: &str) -> Result<StoredEvent> {
+    let envelope = serde_json::from_str(envelope).map_err(Error::internal)?;
+    Ok(StoredEvent { id, received_at, envelope })
+}
+
+/// The newest `limit` events of the workspace (within `filter`) that hold
+/// the needle, reading at most `budget` events; `None` when the budget ran
+/// out first. `INDEXED BY`: the walk must come in `ts, seq` order from the
+/// index, not from a sort of everything the filters select.
+fn walk(
+    conn: &Connection,
+    needle: &Needle,
+    q: &Sql,
+    filter: &str,
+    limit: usize,
+    budget: u64,
+) -> Result<Option<Vec<StoredEvent>>> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT e.id, e.received_at, {BODY_COLUMNS} FROM events AS e INDEXED BY events_ts
+             WHERE e.workspace_id = :ws{filter} ORDER BY e.ts DESC, e.seq DESC"
+        ))
+        .map_err(sql)?;
+    let mut rows = stmt.query(q.params().as_slice()).map_err(sql)?;
+    let mut events = Vec::new();
+    let mut read = 0u64;
+    while events.len() < limit {
+        let Some(row) = rows.next().map_err(sql)? else { break };
+        read += 1;
+        if read > budget {
+            return Ok(None);
+        }
+        if let Some((id, received_at, envelope)) = checked(row, needle).map_err(sql)? {
+            events.push(stored(id, received_at, &envelope)?);
+        }
+    }
+    Ok(Some(events))
 }
 
 fn run_filter() -> String {
