@@ -1002,15 +1002,7 @@ mod search_index {
     /// Entries in the index matching `text`, read without waiting for it.
     async fn indexed(store: &EmbeddedStore, text: &'static str) -> i64 {
         store
-            .read(move |conn| {
-                let needle = search::Needle::new(text).expect("a trigram at least");
-                conn.query_row(
-                    "SELECT count(*) FROM search.events_fts(?1)",
-                    [needle.expression()],
-                    |r| r.get(0),
-                )
-                .map_err(Error::internal)
-            })
+            .read(move |conn| search::entries_covering(conn, text).map_err(Error::internal))
             .await
             .expect("read the index")
     }

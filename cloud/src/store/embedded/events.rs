@@ -389,10 +389,16 @@ pub(super) fn list(conn: &Connection, ws: &str, filter: &EventFilter) -> Result<
     let mut out = Vec::new();
     for row in rows {
         let (id, received_at, envelope) = row.map_err(sql)?;
-        let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
-        out.push(StoredEvent { id, received_at, envelope });
+        out.push(stored_event(id, received_at, &envelope)?);
     }
     Ok(out)
+}
+
+/// A stored event as read back: its row's id and receive time, and its
+/// envelope parsed from the stored text.
+pub(super) fn stored_event(id: String, received_at: i64, envelope: &str) -> Result<StoredEvent> {
+    let envelope = serde_json::from_str(envelope).map_err(Error::internal)?;
+    Ok(StoredEvent { id, received_at, envelope })
 }
 
 #[cfg(test)]

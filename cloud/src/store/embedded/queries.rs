@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use rusqlite::types::{ToSql, Value as SqlValue};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::events::HOUR_MS;
+use super::events::{HOUR_MS, stored_event};
 use super::search::{self, BODY_COLUMNS, Needle};
 use super::{EmbeddedStore, journeys, sql};
 use crate::error::{Error, Result};
@@ -303,8 +303,9 @@ fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResu
 
 /// A search, exact either way:
 /// - **Sorted** (most needles): the index's candidates are joined to
-///   their events, sorted newest first by `seq` alone, then read and
-///   checked in turn until the page is full and the count reaches its cap.
+///   their events and sorted newest first, only their `seq` carried
+///   through the sort; each is then read and checked in turn until the
+///   page is full and the count reaches its cap.
 /// - **Walked** (a needle with at least `plan.probe` candidates, such as
 ///   `robot` in a fleet's store, where joining and sorting millions took
 ///   seconds): the page comes from the workspace's events newest first
@@ -400,7 +401,7 @@ fn check_in_turn(
         let Some((id, received_at, envelope)) = hit else { continue };
         total += 1;
         if events.len() < limit {
-            events.push(stored(id, received_at, &envelope)?);
+            events.push(stored_event(id, received_at, &envelope)?);
         }
     }
     Ok((events, total))
@@ -417,11 +418,6 @@ fn checked(
     }
     // The envelope is the last of the body's columns.
     Ok(Some((r.get(0)?, r.get(1)?, r.get(7)?)))
-}
-
-fn stored(id: String, received_at: i64, envelope: &str) -> Result<StoredEvent> {
-    let envelope = serde_json::from_str(envelope).map_err(Error::internal)?;
-    Ok(StoredEvent { id, received_at, envelope })
 }
 
 /// The newest `limit` events of the workspace (within `filter`) that hold
@@ -452,7 +448,7 @@ fn walk(
             return Ok(None);
         }
         if let Some((id, received_at, envelope)) = checked(row, needle).map_err(sql)? {
-            events.push(stored(id, received_at, &envelope)?);
+            events.push(stored_event(id, received_at, &envelope)?);
         }
     }
     Ok(Some(events))
@@ -624,8 +620,7 @@ fn proof_gaps(
     let mut out = Vec::new();
     for row in rows {
         let (id, received_at, envelope) = row.map_err(sql)?;
-        let envelope = serde_json::from_str(&envelope).map_err(Error::internal)?;
-        out.push(StoredEvent { id, received_at, envelope });
+        out.push(stored_event(id, received_at, &envelope)?);
     }
     Ok(out)
 }

@@ -64,7 +64,8 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 /// trigram, not where: tokenizing and merging cost about 0.6 of what they
 /// cost with positions, and the index is about a third of the size. Without
 /// positions a search cannot ask for adjacent trigrams, so [`Needle`] asks
-/// for all of them and checks each candidate's text.
+/// for trigrams covering the needle in any order and checks each
+/// candidate's text.
 const TABLE: &str = "CREATE VIRTUAL TABLE IF NOT EXISTS events_fts USING fts5 (
         body, content = '', contentless_delete = 1, tokenize = 'trigram', detail = 'none'
     )";
@@ -434,6 +435,17 @@ impl Needle {
     pub(super) fn found_in(&self, text: &str) -> bool {
         fold(text).contains(&self.folded)
     }
+}
+
+/// Index entries holding trigrams that cover `text` (at least three
+/// characters), read without waiting for the indexer: for tests that look
+/// at the index itself.
+#[cfg(test)]
+pub(super) fn entries_covering(conn: &Connection, text: &str) -> rusqlite::Result<i64> {
+    let needle = Needle::new(text).ok_or(rusqlite::Error::InvalidQuery)?;
+    conn.query_row("SELECT count(*) FROM search.events_fts(?1)", [needle.expression()], |r| {
+        r.get(0)
+    })
 }
 
 /// Case folded as the trigram tokenizer folds it: a character with a
