@@ -330,7 +330,7 @@ pub fn append_in_transaction(
     idempotency_key: Option<&str>,
 ) -> Result<AppendResult> {
     in_transaction(conn, |conn| {
-        let appended = events::append(conn, workspace_id, rows.0, idempotency_key)?;
+        let appended = events::append(conn, workspace_id, rows.0, idempotency_key, None)?;
         events::flush_pending(conn).map_err(sql)?;
         Ok(appended)
     })
@@ -886,7 +886,9 @@ impl Store for EmbeddedStore {
         let ws = workspace_id.to_owned();
         let rows = prepare_events(request.events);
         let key = request.idempotency_key;
-        self.write(move |conn| events::append(conn, &ws, rows.0, key.as_deref())).await
+        let hints = self.search.hints();
+        self.write(move |conn| events::append(conn, &ws, rows.0, key.as_deref(), Some(&hints)))
+            .await
     }
 
     async fn list_events(

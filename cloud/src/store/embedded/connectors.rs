@@ -137,7 +137,7 @@ fn upsert(
             }
             None => out.ingested += 1,
         }
-        let appended = events::append(conn, ws, events::prepare_rows(vec![event]), None)?;
+        let appended = events::append(conn, ws, events::prepare_rows(vec![event]), None, None)?;
         let id = appended
             .ids
             .into_iter()

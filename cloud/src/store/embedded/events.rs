@@ -4,15 +4,17 @@
 //! listed.
 
 use std::collections::HashMap;
+use std::mem::take;
 
 use opgraph_proto::Party;
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use serde_json::Value;
 
+use super::search::{Hint, Hints};
 use super::sql;
 use crate::error::{Error, Result};
-use crate::store::columns::{number_at, text_at};
+use crate::store::columns::{number_at, search_text_of, text_at};
 use crate::store::{AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent};
 
 pub(super) const DAY_MS: i64 = 86_400_000;
@@ -37,6 +39,9 @@ pub(super) struct Row {
     channel: Option<String>,
     campaign: Option<String>,
     envelope: String,
+    /// What search finds it by, made here rather than by the indexer from
+    /// the stored row (see `search::Hints`).
+    search_text: String,
     entity: Option<EntityRow>,
 }
 
@@ -74,7 +79,14 @@ pub(super) fn prepare_rows(events: Vec<NewEvent>) -> Vec<Row> {
                         .map_or_else(|| "{}".to_owned(), Value::to_string),
                 })
             });
+            let parts = [&actor.0, &actor.1, &object.0, &object.1];
+            let search_text = search_text_of(
+                &e.event,
+                parts.into_iter().flatten().map(String::as_str),
+                e.properties.as_ref(),
+            );
             Row {
+                search_text,
                 business_id: e.business_id.clone().unwrap_or_else(|| "default".into()),
                 ts: e.timestamp.unwrap_or(received_at),
                 trust_tier: e.trust_tier.map_or("T0", |t| t.as_str()).to_owned(),
@@ -113,12 +125,14 @@ const INSERT_EVENT: &str = "
 /// error leaves nothing behind. `connectors::remove_event` reverses what
 /// this derives from one event (rollup, relationship count, search entry):
 /// keep the two in step. Actor bounds are queued and reach `event_actors`
-/// through [`flush_pending`].
+/// through [`flush_pending`]. The searchable text of each inserted event
+/// goes to `hints`, for the search indexer.
 pub(super) fn append(
     conn: &Connection,
     ws: &str,
     rows: Vec<Row>,
     idempotency_key: Option<&str>,
+    hints: Option<&Hints>,
 ) -> Result<AppendResult> {
     let now = crate::now_ms();
     if let Some(key) = idempotency_key {
@@ -145,6 +159,7 @@ pub(super) fn append(
     let mut actors: HashMap<(String, String, String), (i64, i64)> = HashMap::new();
     let mut businesses: Vec<String> = Vec::new();
     let mut inserted = 0usize;
+    let mut hinted = Vec::with_capacity(if hints.is_some() { rows.len() } else { 0 });
 
     for mut row in rows {
         // An event naming a registered trackable's code is linked to it
@@ -186,6 +201,10 @@ pub(super) fn append(
             continue;
         }
         inserted += 1;
+        if hints.is_some() {
+            let (envelope, text) = (take(&mut row.envelope), take(&mut row.search_text));
+            hinted.push(Hint::new(conn.last_insert_rowid(), envelope, text));
+        }
         let slot = hourly
             .entry((row.business_id.clone(), row.event.clone(), row.ts.div_euclid(HOUR_MS)))
             .or_default();
@@ -258,6 +277,9 @@ pub(super) fn append(
             params![ws, key, response, now],
         )
         .map_err(sql)?;
+    }
+    if let Some(hints) = hints {
+        hints.offer(hinted);
     }
     Ok(AppendResult { ids, inserted })
 }
@@ -433,9 +455,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let conn = super::super::open_writer_connection(dir.path()).unwrap();
         conn.execute_batch("BEGIN IMMEDIATE; SAVEPOINT job").unwrap();
-        append(&conn, "ws", rows("pallet.kept"), None).unwrap();
+        append(&conn, "ws", rows("pallet.kept"), None, None).unwrap();
         conn.execute_batch("RELEASE job; SAVEPOINT job").unwrap();
-        append(&conn, "ws", rows("pallet.dropped"), None).unwrap();
+        append(&conn, "ws", rows("pallet.dropped"), None, None).unwrap();
         conn.execute_batch("ROLLBACK TO job; RELEASE job").unwrap();
         let bounds = |conn: &Connection| -> Vec<(String, i64, i64)> {
             conn.prepare(

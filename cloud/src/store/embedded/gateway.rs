@@ -100,6 +100,7 @@ impl GatewayStore for EmbeddedStore {
         // new is decided inside, against the ack of that moment.
         let sequences: Vec<u64> = events.iter().map(|(seq, _)| *seq).collect();
         let rows = events::prepare_rows(events.into_iter().map(|(_, e)| e).collect());
+        let hints = self.search.hints();
         self.write(move |conn| {
             let session = load(conn, &ws, &gateway)?.unwrap_or_default();
             let acked = match BatchCommit::admit(
@@ -117,8 +118,11 @@ impl GatewayStore for EmbeddedStore {
                 .filter(|(seq, _)| **seq > acked)
                 .map(|(_, row)| row)
                 .collect();
-            let inserted =
-                if fresh.is_empty() { 0 } else { events::append(conn, &ws, fresh, None)?.inserted };
+            let inserted = if fresh.is_empty() {
+                0
+            } else {
+                events::append(conn, &ws, fresh, None, Some(&hints))?.inserted
+            };
             conn.execute(
                 "UPDATE gateway_sessions SET acked_sequence = ?3, updated_at = ?4
                  WHERE workspace_id = ?1 AND gateway_id = ?2",

@@ -93,7 +93,7 @@ fn get_decision(conn: &Connection, ws: &str, id: &str) -> Result<Option<Decision
 
 fn append_events(conn: &Connection, ws: &str, events: Vec<NewEvent>) -> Result<()> {
     if !events.is_empty() {
-        events::append(conn, ws, events::prepare_rows(events), None)?;
+        events::append(conn, ws, events::prepare_rows(events), None, None)?;
     }
     Ok(())
 }

@@ -17,6 +17,8 @@
 //!   is waiting: FTS5 writes a segment per transaction and merges them
 //!   later, so a transaction per group commit of a few dozen events costs
 //!   several times the indexing itself.
+//!   The writer hands it the searchable text of the events it inserts
+//!   ([`Hints`]), so that it need not rebuild each from the row.
 //!   A crash loses at most entries it re-indexes on the next start, from
 //!   the events, which are the source of truth; an index that is lost, or
 //!   that is ahead of the events (a restored backup), is rebuilt.
@@ -31,10 +33,10 @@
 //!   index cannot be written (a full disk), the wait is bounded and the
 //!   search answers from what is indexed, with a warning.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -56,6 +58,11 @@ const CHUNK: i64 = 4096;
 /// How long the indexer gathers commits before indexing them, unless a
 /// search asks for them first.
 const LINGER: Duration = Duration::from_millis(200);
+
+/// The most envelope and text bytes [`Hints`] hold for the indexer; past
+/// it the writer drops them and the indexer rebuilds those texts itself.
+/// About a second of gateway traffic, several of the indexer's lingers.
+const HINT_BYTES: usize = 16 << 20;
 
 /// The longest wait between attempts while indexing fails.
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -127,6 +134,7 @@ pub(super) struct SearchIndex {
     failures: std::sync::Arc<AtomicU64>,
     /// Joined by [`SearchIndex::stop`].
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    hints: Arc<Hints>,
 }
 
 impl SearchIndex {
@@ -139,15 +147,22 @@ impl SearchIndex {
         let (index, at) = open_against(db_path, &events)?;
         let (publish, progress) = watch::channel(at);
         let (wake, wakes) = mpsc::sync_channel(WAKES);
-        let failures = std::sync::Arc::new(AtomicU64::new(0));
-        let indexer = Indexer { events, index, at };
-        let failed = std::sync::Arc::clone(&failures);
+        let failures = Arc::new(AtomicU64::new(0));
+        let hints = Arc::new(Hints::default());
+        let indexer = Indexer { events, index, at, hints: Arc::clone(&hints) };
+        let failed = Arc::clone(&failures);
         let thread = std::thread::Builder::new()
             .name("search-index".into())
             .spawn(move || indexer.run(&wakes, &publish, &failed))
             .map_err(Error::internal)?;
         let thread = std::sync::Mutex::new(Some(thread));
-        Ok((SearchIndex { progress, wake: wake.clone(), wait, failures, thread }, Nudge(wake)))
+        let index = SearchIndex { progress, wake: wake.clone(), wait, failures, thread, hints };
+        Ok((index, Nudge(wake)))
+    }
+
+    /// Where the writer leaves the searchable text of what it inserts.
+    pub(super) fn hints(&self) -> Arc<Hints> {
+        Arc::clone(&self.hints)
     }
 
     /// Has the indexer index what the store holds, then stop, and waits
@@ -231,7 +246,7 @@ pub(super) fn attach(conn: &Connection, db_path: &Path) -> rusqlite::Result<()> 
 pub fn build(db_path: &Path, mut progress: impl FnMut(u64)) -> Result<u64> {
     let events = open_reader(db_path).map_err(Error::internal)?;
     let (index, at) = open_against(db_path, &events)?;
-    let mut indexer = Indexer { events, index, at };
+    let mut indexer = Indexer { events, index, at, hints: Arc::default() };
     let mut indexed = 0u64;
     indexer
         .catch_up(|_, events| {
@@ -369,6 +384,8 @@ fn wait_out(wakes: &mpsc::Receiver<Wake>, pause: Duration) -> bool {
 /// the stored envelope for its properties.
 pub(super) const BODY_COLUMNS: &str =
     "event, actor_type, actor_id, object_type, object_id, envelope";
+/// Where the envelope is among [`BODY_COLUMNS`].
+const ENVELOPE_COLUMN: usize = 5;
 
 /// The properties of a stored envelope: the one part of the searchable
 /// text that has no column. Reading only them skips the rest of the
@@ -385,7 +402,7 @@ pub(super) fn body(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<St
     let name: String = row.get(first)?;
     let parts: [Option<String>; 4] =
         [row.get(first + 1)?, row.get(first + 2)?, row.get(first + 3)?, row.get(first + 4)?];
-    let envelope: String = row.get(first + 5)?;
+    let envelope: String = row.get(first + ENVELOPE_COLUMN)?;
     let properties = match serde_json::from_str::<Properties>(&envelope) {
         Ok(read) => read.properties,
         Err(e) => {
@@ -462,6 +479,81 @@ fn fold(text: &str) -> String {
         .collect()
 }
 
+/// The searchable text of events the writer has just inserted, handed to
+/// the indexer so that it need not rebuild it from their rows: rebuilding
+/// parses each stored envelope's properties, a fifth of the indexer's work.
+/// A hint is only used for the row at its `seq` holding the same envelope,
+/// which determines the text; so an insert that was rolled back, or a `seq`
+/// reused after a removal, leaves a hint that matches nothing, and a row
+/// without a hint has its text rebuilt. At most [`HINT_BYTES`] wait here.
+#[derive(Default)]
+pub(super) struct Hints(Mutex<HintQueue>);
+
+#[derive(Default)]
+struct HintQueue {
+    /// In the order the writer inserted them: by `seq`, but for reuse.
+    hints: VecDeque<Hint>,
+    bytes: usize,
+}
+
+/// One inserted event's `seq`, stored envelope and searchable text.
+pub(super) struct Hint {
+    seq: i64,
+    envelope: String,
+    text: String,
+}
+
+impl Hint {
+    pub(super) fn new(seq: i64, envelope: String, text: String) -> Hint {
+        Hint { seq, envelope, text }
+    }
+
+    fn bytes(&self) -> usize {
+        self.envelope.len() + self.text.len()
+    }
+}
+
+impl Hints {
+    /// The writer's side: keeps what fits.
+    pub(super) fn offer(&self, hints: Vec<Hint>) {
+        let Ok(mut queue) = self.0.lock() else { return };
+        for hint in hints {
+            if queue.bytes + hint.bytes() > HINT_BYTES {
+                break;
+            }
+            queue.bytes += hint.bytes();
+            queue.hints.push_back(hint);
+        }
+    }
+
+    /// The indexer's side: takes them all, so that the writer is not kept
+    /// waiting while a chunk is read; [`Hints::put_back`] returns the rest.
+    fn take(&self) -> VecDeque<Hint> {
+        self.0.lock().map(|mut q| std::mem::take(&mut *q).hints).unwrap_or_default()
+    }
+
+    /// Returns hints the indexer has not reached, ahead of any offered since.
+    fn put_back(&self, mut rest: VecDeque<Hint>) {
+        let Ok(mut queue) = self.0.lock() else { return };
+        rest.append(&mut queue.hints);
+        queue.bytes = rest.iter().map(Hint::bytes).sum();
+        queue.hints = rest;
+    }
+}
+
+/// The text `hints` hold for the row at `seq` whose envelope is `envelope`,
+/// dropping the hints it passes: those for earlier `seq`s, whose rows are
+/// gone or were read, and those for this `seq` with another envelope.
+fn claim(hints: &mut VecDeque<Hint>, seq: i64, envelope: &str) -> Option<String> {
+    while hints.front().is_some_and(|h| h.seq <= seq) {
+        let hint = hints.pop_front()?;
+        if hint.seq == seq && hint.envelope == envelope {
+            return Some(hint.text);
+        }
+    }
+    None
+}
+
 /// What one chunk read from the store: the searchable text of the events
 /// past the index's position, and the removals logged since, each with the
 /// text of what now holds its `seq`.
@@ -476,6 +568,7 @@ struct Indexer {
     events: Connection,
     index: Connection,
     at: Progress,
+    hints: Arc<Hints>,
 }
 
 impl Indexer {
@@ -566,12 +659,23 @@ impl Indexer {
                 }
             }
         }
+        let mut hints = self.hints.take();
         let events = tx
             .prepare_cached(&format!(
                 "SELECT seq, {BODY_COLUMNS} FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2"
             ))?
-            .query_map(params![self.at.seq, CHUNK], |r| Ok((r.get(0)?, body(r, 1)?)))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+            .query_map(params![self.at.seq, CHUNK], |r| {
+                let seq = r.get(0)?;
+                let hinted = r
+                    .get_ref(1 + ENVELOPE_COLUMN)?
+                    .as_str()
+                    .ok()
+                    .and_then(|e| claim(&mut hints, seq, e));
+                Ok((seq, hinted.map_or_else(|| body(r, 1), Ok)?))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>();
+        self.hints.put_back(hints);
+        let events = events?;
         tx.finish()?;
         Ok(Chunk { events, removed, removed_upto })
     }
@@ -600,5 +704,112 @@ impl Indexer {
         tx.execute("UPDATE progress SET seq = ?1, removed = ?2", params![at.seq, at.removed])?;
         tx.commit()?;
         Ok(at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::NewEvent;
+    use crate::store::embedded::{events, open_writer_connection};
+
+    fn new_event(body: Value) -> NewEvent {
+        let event = opgraph_proto::Event::from_json(&body, 1_000).expect("a valid envelope");
+        NewEvent { id: crate::ids::new_id("evt"), received_at: 1_000, event }
+    }
+
+    /// Events whose searchable text has every part: a named and a typed
+    /// party, nested and scalar leaves of each kind, text past the cap.
+    fn varied() -> Vec<NewEvent> {
+        vec![
+            new_event(
+                json!({"event": "tote.moved", "actor": "picker-7", "object": {"type": "tote", "id": "T-1"},
+                "properties": {"zone": "Kühlraum", "n": 3, "ratio": 0.25, "ok": false, "nested": {"tags": ["a", 1.5e300, null]}}}),
+            ),
+            new_event(json!({"event": "reading", "properties": {"long": "x".repeat(3000)}})),
+            new_event(json!({"event": "bare"})),
+        ]
+    }
+
+    #[test]
+    fn a_hint_is_claimed_only_by_its_row_and_envelope() {
+        let hint = |seq, envelope: &str, text: &str| Hint::new(seq, envelope.into(), text.into());
+        let mut hints = VecDeque::from([
+            hint(1, "a", "one"),
+            hint(2, "old", "stale"),
+            hint(2, "b", "two"),
+            hint(4, "d", "four"),
+        ]);
+        // Seq 1's row is gone: passing it drops its hint.
+        assert_eq!(claim(&mut hints, 2, "b").as_deref(), Some("two"));
+        assert_eq!(claim(&mut hints, 3, "c"), None, "no hint for this row");
+        assert_eq!(hints.len(), 1, "a later hint stays");
+        assert_eq!(claim(&mut hints, 4, "other"), None, "another envelope now holds seq 4");
+        assert!(hints.is_empty());
+    }
+
+    #[test]
+    fn the_writers_text_is_the_one_the_indexer_would_rebuild() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = open_writer_connection(dir.path()).expect("open");
+        let hints = Hints::default();
+        events::append(&conn, "ws", events::prepare_rows(varied()), None, Some(&hints))
+            .expect("append");
+        let hinted = hints.take();
+        assert_eq!(hinted.len(), 3);
+        for hint in hinted {
+            let rebuilt: String = conn
+                .query_row(
+                    &format!("SELECT {BODY_COLUMNS} FROM events WHERE seq = ?1"),
+                    [hint.seq],
+                    |r| body(r, 0),
+                )
+                .expect("the hinted row");
+            let envelope: String = conn
+                .query_row("SELECT envelope FROM events WHERE seq = ?1", [hint.seq], |r| r.get(0))
+                .expect("the hinted row");
+            assert_eq!((&hint.text, &hint.envelope), (&rebuilt, &envelope));
+        }
+    }
+
+    #[test]
+    fn the_indexer_uses_a_hint_that_matches_its_row_and_rebuilds_the_rest() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = open_writer_connection(dir.path()).expect("open");
+        let hints = Arc::new(Hints::default());
+        events::append(&conn, "ws", events::prepare_rows(varied()), None, Some(&hints))
+            .expect("append");
+        // Texts no event holds, to see which hints were used: the first
+        // with its row's envelope, the second with another's.
+        let mut planted = hints.take();
+        planted[0].text = "planted-here".into();
+        planted[1].text = "planted-wrongly".into();
+        planted[1].envelope = "{}".into();
+        let (first, second) = (planted[0].seq, planted[1].seq);
+        hints.put_back(planted);
+
+        let db_path = dir.path().join(super::super::DB_FILE);
+        let events = open_reader(&db_path).expect("reader");
+        let (index, at) = open_against(&db_path, &events).expect("index");
+        let mut indexer = Indexer { events, index, at, hints: Arc::clone(&hints) };
+        indexer.catch_up(|_, _| {}).expect("index");
+        let found = |text: &str| -> Vec<i64> {
+            let needle = Needle::new(text).expect("a needle");
+            let mut rows = indexer
+                .index
+                .prepare(&format!("SELECT rowid FROM events_fts('{}')", needle.expression()))
+                .expect("query");
+            rows.query_map([], |r| r.get(0))
+                .expect("rows")
+                .collect::<rusqlite::Result<_>>()
+                .expect("read")
+        };
+        assert_eq!(found("planted-here"), [first]);
+        assert_eq!(found("wrongly"), Vec::<i64>::new());
+        assert_eq!(found("xxxxx"), [second], "the rebuilt text");
+        assert_eq!(found("tote.moved"), Vec::<i64>::new(), "the hint replaced the text");
+        assert!(hints.take().is_empty(), "every hint reached was dropped");
     }
 }
