@@ -465,16 +465,26 @@ pub(super) fn entries_covering(conn: &Connection, text: &str) -> rusqlite::Resul
     })
 }
 
-/// Case folded as the trigram tokenizer folds it: a character with a
-/// lower case of one character becomes that.
+/// Case folded at least as far as the trigram tokenizer folds it, so that
+/// no candidate the index finds fails the check for want of a fold. The
+/// tokenizer folds case (final sigma to sigma, the micro sign to mu, long s
+/// to s), not just lower case: a character whose upper case lowers to one
+/// character becomes that, else one with a lower case of one character
+/// becomes that. Checked against SQLite for every cased character of
+/// Unicode; the tokenizer's tables are older, so some newer capitals it
+/// leaves alone are folded here, which can only let through what its index
+/// already found.
 fn fold(text: &str) -> String {
+    fn one(mut chars: impl Iterator<Item = char>) -> Option<char> {
+        match (chars.next(), chars.next()) {
+            (Some(c), None) => Some(c),
+            _ => None,
+        }
+    }
     text.chars()
         .map(|c| {
-            let mut lower = c.to_lowercase();
-            match (lower.next(), lower.next()) {
-                (Some(l), None) => l,
-                _ => c,
-            }
+            let upper_lower = one(c.to_uppercase()).and_then(|u| one(u.to_lowercase()));
+            upper_lower.or_else(|| one(c.to_lowercase())).unwrap_or(c)
         })
         .collect()
 }
