@@ -160,3 +160,70 @@ fn validate_catches_hand_built_mistakes() {
     e.actor = Some(Party::Name(String::new()));
     assert_eq!(e.validate(NOW).unwrap_err().field, "actor");
 }
+
+#[test]
+fn the_size_bound_is_never_below_the_serialized_size() {
+    let samples = [
+        json!({}),
+        json!({"a": null, "b": true, "c": false, "d": [], "e": {}}),
+        json!({"ctl": "\u{1}\u{1f}\n\t\"\\", "wide": "é€😀", "": ""}),
+        json!({"n": [u64::MAX, i64::MIN, -2.2250738585072014e-308, 1e15, -0.0, 0.1]}),
+        json!({"deep": [[[{"x": [1, [2, [3]]]}]]]}),
+    ];
+    for sample in samples {
+        let Value::Object(map) = sample else { unreachable!() };
+        let exact = serde_json::to_vec(&map).expect("serialize").len();
+        for limit in [0, exact.saturating_sub(1), exact, 10 * exact, MAX_FREE_OBJECT_BYTES] {
+            let bounded = (SizeBound { left: limit }).object(&map).is_some();
+            assert!(!bounded || exact <= limit, "{map:?} bounded within {limit}, is {exact}");
+            assert_eq!(fits_in(&map, limit), exact <= limit, "{map:?} at {limit}");
+        }
+    }
+}
+
+#[test]
+fn numbers_serialize_within_their_bound_however_they_were_written() {
+    // With serde_json's `arbitrary_precision`, parsed numbers would keep
+    // their digits and outgrow the bound: this fails if it is ever enabled.
+    for text in
+        ["1".repeat(300), format!("-{}", "9".repeat(300)), format!("0.{}1", "0".repeat(330))]
+    {
+        let n: Value = serde_json::from_str(&text).expect("a number");
+        assert!(n.to_string().len() <= MAX_NUMBER_LEN, "{text} -> {n}");
+    }
+}
+
+mod size_bound {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::super::SizeBound;
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            ".{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn no_value_serializes_past_its_bound(v in json_value()) {
+            let exact = serde_json::to_vec(&v).expect("serialize").len();
+            let mut bound = SizeBound { left: usize::MAX };
+            prop_assert!(bound.value(&v).is_some());
+            prop_assert!(usize::MAX - bound.left >= exact, "{} bounded by {}", v, usize::MAX - bound.left);
+        }
+    }
+}
