@@ -1001,6 +1001,20 @@ mod search_index {
         AppendRequest { events, idempotency_key: None }
     }
 
+    /// `name` events, one per value, each with the value as property `key`.
+    fn events_with(name: &str, key: &str, values: &[&str]) -> AppendRequest {
+        let events = values
+            .iter()
+            .map(|value| {
+                let mut e = event(name);
+                let property = (key.to_owned(), serde_json::Value::from(*value));
+                e.event.properties = Some([property].into_iter().collect());
+                e
+            })
+            .collect();
+        AppendRequest { events, idempotency_key: None }
+    }
+
     /// Entries in the index matching `text`, read without waiting for it.
     async fn indexed(store: &EmbeddedStore, text: &'static str) -> i64 {
         store
@@ -1145,17 +1159,7 @@ mod search_index {
         // Each holds every trigram of "abcabc" (abc, bca, cab); only the
         // last two hold it whole, one in another case.
         let codes = ["abc-bca-cab", "abcab", "xxABCabcxx", "abcabc"];
-        let events = codes
-            .iter()
-            .map(|code| {
-                let mut e = event("probe.sent");
-                e.event.properties = Some(
-                    serde_json::json!({ "code": code }).as_object().cloned().unwrap_or_default(),
-                );
-                e
-            })
-            .collect();
-        let request = AppendRequest { events, idempotency_key: None };
+        let request = events_with("probe.sent", "code", &codes);
         store.append_events("ws", request).await.expect("append");
         for needle in ["abcabc", "ABCABC", "cAbC"] {
             let found = store.search_events("ws", &query(needle)).await.unwrap();
@@ -1184,18 +1188,7 @@ mod search_index {
         let (store, _dir) = super::temp_store();
         // The index folds case, not only lower case: final sigma, the micro
         // sign and long s stand for sigma, mu and s.
-        let texts = ["ΛΟΓΟΣ", "5 µm mesh", "Meſſe"];
-        let events = texts
-            .iter()
-            .map(|text| {
-                let mut e = event("label.read");
-                e.event.properties = Some(
-                    serde_json::json!({ "text": text }).as_object().cloned().unwrap_or_default(),
-                );
-                e
-            })
-            .collect();
-        let request = AppendRequest { events, idempotency_key: None };
+        let request = events_with("label.read", "text", &["ΛΟΓΟΣ", "5 µm mesh", "Meſſe"]);
         store.append_events("ws", request).await.expect("append");
         for (needle, text) in [("λογος", "ΛΟΓΟΣ"), ("5 μm", "5 µm mesh"), ("MESSE", "Meſſe")]
         {
