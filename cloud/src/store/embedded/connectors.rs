@@ -11,6 +11,7 @@
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::search::Hints;
 use super::{EmbeddedStore, events, sql};
 use crate::error::{Error, Result};
 use crate::store::connectors::{ConnectorRecord, ConnectorStore, ConnectorUpsert, SyncRecord};
@@ -115,6 +116,7 @@ fn upsert(
     ws: &str,
     records: Vec<ConnectorRecord>,
     mut sync: SyncRecord,
+    hints: &Hints,
 ) -> Result<ConnectorUpsert> {
     let now = crate::now_ms();
     let mut out =
@@ -137,7 +139,8 @@ fn upsert(
             }
             None => out.ingested += 1,
         }
-        let appended = events::append(conn, ws, events::prepare_rows(vec![event]), None, None)?;
+        let appended =
+            events::append(conn, ws, events::prepare_rows(vec![event]), None, Some(hints))?;
         let id = appended
             .ids
             .into_iter()
@@ -202,7 +205,8 @@ impl ConnectorStore for EmbeddedStore {
         sync: SyncRecord,
     ) -> Result<ConnectorUpsert> {
         let ws = workspace_id.to_owned();
-        self.write(move |conn| upsert(conn, &ws, records, sync)).await
+        let hints = self.search.hints();
+        self.write(move |conn| upsert(conn, &ws, records, sync, &hints)).await
     }
 
     async fn list_connector_syncs(

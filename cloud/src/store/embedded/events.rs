@@ -126,7 +126,8 @@ const INSERT_EVENT: &str = "
 /// this derives from one event (rollup, relationship count, search entry):
 /// keep the two in step. Actor bounds are queued and reach `event_actors`
 /// through [`flush_pending`]. The searchable text of each inserted event
-/// goes to `hints`, for the search indexer.
+/// goes to `hints`, for the search indexer; only tools writing a store that
+/// is not running (`append_in_transaction`) have none.
 pub(super) fn append(
     conn: &Connection,
     ws: &str,

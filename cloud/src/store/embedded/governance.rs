@@ -6,6 +6,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 use serde::de::DeserializeOwned;
 
+use super::search::Hints;
 use super::{EmbeddedStore, events, sql};
 use crate::error::{Error, Result};
 use crate::governance::DecisionStatus;
@@ -91,9 +92,9 @@ fn get_decision(conn: &Connection, ws: &str, id: &str) -> Result<Option<Decision
         .transpose()
 }
 
-fn append_events(conn: &Connection, ws: &str, events: Vec<NewEvent>) -> Result<()> {
+fn append_events(conn: &Connection, ws: &str, events: Vec<NewEvent>, hints: &Hints) -> Result<()> {
     if !events.is_empty() {
-        events::append(conn, ws, events::prepare_rows(events), None, None)?;
+        events::append(conn, ws, events::prepare_rows(events), None, Some(hints))?;
     }
     Ok(())
 }
@@ -166,6 +167,7 @@ impl GovernanceStore for EmbeddedStore {
         events: Vec<NewEvent>,
     ) -> Result<()> {
         let (ws, d, body) = (ws.to_owned(), decision.clone(), to_json(decision)?);
+        let hints = self.search.hints();
         self.write(move |conn| {
             let inserted = conn
                 .prepare_cached(
@@ -188,7 +190,7 @@ impl GovernanceStore for EmbeddedStore {
             if inserted == 0 {
                 return Err(Error::Conflict(format!("{} exists", d.id)));
             }
-            append_events(conn, &ws, events)
+            append_events(conn, &ws, events, &hints)
         })
         .await
     }
@@ -235,6 +237,7 @@ impl GovernanceStore for EmbeddedStore {
         events: Vec<NewEvent>,
     ) -> Result<bool> {
         let (ws, d, body) = (ws.to_owned(), decision.clone(), to_json(decision)?);
+        let hints = self.search.hints();
         self.write(move |conn| {
             let changed = conn
                 .prepare_cached(
@@ -255,7 +258,7 @@ impl GovernanceStore for EmbeddedStore {
             if changed == 0 {
                 return Ok(false);
             }
-            append_events(conn, &ws, events)?;
+            append_events(conn, &ws, events, &hints)?;
             Ok(true)
         })
         .await
@@ -285,6 +288,7 @@ impl GovernanceStore for EmbeddedStore {
         events: Vec<NewEvent>,
     ) -> Result<Option<AuthorityGrant>> {
         let (ws, id) = (ws.to_owned(), id.to_owned());
+        let hints = self.search.hints();
         self.write(move |conn| {
             let Some(mut grant) = get_body::<AuthorityGrant>(conn, GRANTS, &ws, &id)? else {
                 return Ok(None);
@@ -300,7 +304,7 @@ impl GovernanceStore for EmbeddedStore {
             ))
             .and_then(|mut s| s.execute(params![ws, id, body]))
             .map_err(sql)?;
-            append_events(conn, &ws, events)?;
+            append_events(conn, &ws, events, &hints)?;
             Ok(Some(grant))
         })
         .await
@@ -345,6 +349,7 @@ impl GovernanceStore for EmbeddedStore {
         decide: DecideReceipt,
     ) -> Result<Receipt> {
         let (ws, writer, refs) = (ws.to_owned(), writer.to_owned(), refs.clone());
+        let hints = self.search.hints();
         self.write(move |conn| {
             let inputs = EnforcementInputs {
                 decision: get_decision(conn, &ws, &refs.decision_id)?,
@@ -386,7 +391,7 @@ impl GovernanceStore for EmbeddedStore {
                 ])
             })
             .map_err(sql)?;
-            append_events(conn, &ws, events)?;
+            append_events(conn, &ws, events, &hints)?;
             Ok(receipt)
         })
         .await

@@ -491,7 +491,7 @@ fn fold(text: &str) -> String {
 
 /// The searchable text of events the writer has just inserted, handed to
 /// the indexer so that it need not rebuild it from their rows: rebuilding
-/// parses each stored envelope's properties, a fifth of the indexer's work.
+/// parses each stored envelope's properties, a quarter of the indexer's work.
 /// A hint is only used for the row at its `seq` holding the same envelope,
 /// which determines the text; so an insert that was rolled back, or a `seq`
 /// reused after a removal, leaves a hint that matches nothing, and a row
