@@ -81,6 +81,37 @@ impl Default for ReceiverConfig {
 /// skipped (invalid) one.
 type CheckedBatch = (Vec<(u64, NewEvent)>, Vec<String>);
 
+/// A batch after [`Receiver::prepare`].
+pub enum Prepared {
+    /// Refused whole; nothing to store.
+    Answered(pb::Ack),
+    /// Checked, for [`Receiver::commit`].
+    Ready(ReadyBatch),
+}
+
+/// A checked batch: its valid events and what was skipped.
+pub struct ReadyBatch {
+    /// The answer so far (gateway id, epoch, status OK).
+    ack: pb::Ack,
+    range: (u64, u64),
+    events: Vec<(u64, NewEvent)>,
+    skipped: Vec<String>,
+}
+
+impl ReadyBatch {
+    /// The session epoch and the last sequence it covers: where the
+    /// gateway's next batch starts from.
+    pub fn end(&self) -> (u64, u64) {
+        (self.ack.epoch, self.range.1)
+    }
+
+    /// Whether it starts right after a batch that ended at `end`, in the
+    /// same session.
+    pub fn follows(&self, end: Option<(u64, u64)>) -> bool {
+        end == Some((self.ack.epoch, self.range.0 - 1))
+    }
+}
+
 /// The transport-independent half of both receivers.
 pub struct Receiver {
     store: Arc<dyn Store>,
@@ -143,49 +174,83 @@ impl Receiver {
 
     /// Handles one batch and says how it went; never fails: every outcome
     /// is an ack the gateway can act on.
-    pub async fn batch(
+    /// Batches may arrive in any order (parallel QUIC streams): one that
+    /// overtook its predecessor waits for it here instead of being refused
+    /// by the store as a gap; the store still decides, this only saves the
+    /// round trip.
+    pub async fn batch(&self, principal: &Principal, transport: &str, batch: pb::Batch) -> pb::Ack {
+        match self.prepare(batch) {
+            Prepared::Answered(ack) => ack,
+            Prepared::Ready(ready) => {
+                self.commit_after_predecessor(principal, transport, ready).await
+            }
+        }
+    }
+
+    /// [`Receiver::commit`] once the batch's predecessor is acknowledged,
+    /// or after [`GAP_WAIT`].
+    pub async fn commit_after_predecessor(
         &self,
         principal: &Principal,
         transport: &str,
-        mut batch: pb::Batch,
+        ready: ReadyBatch,
     ) -> pb::Ack {
-        let mut ack = pb::Ack {
+        let previous = ready.range.0 - 1;
+        self.wait_for_ack(principal, &ready.ack.gateway_id, ready.ack.epoch, previous).await;
+        self.commit(principal, transport, ready).await
+    }
+
+    /// The first half of [`Receiver::batch`], which needs no store: shape
+    /// checks and validation of every envelope. A stream that runs it for
+    /// the next batch while the previous one commits keeps the store's
+    /// writer and the async threads busy at once (see `grpc`).
+    pub fn prepare(&self, mut batch: pb::Batch) -> Prepared {
+        let ack = pb::Ack {
             gateway_id: batch.gateway_id.clone(),
             epoch: batch.epoch,
             acked_sequence: 0,
             status: pb::AckStatus::Ok as i32,
             error: String::new(),
         };
-        let (events, skipped) = match self.check(&mut batch) {
-            Ok(checked) => checked,
+        match self.check(&mut batch) {
+            Ok((events, skipped)) => Prepared::Ready(ReadyBatch {
+                ack,
+                range: (batch.first_sequence, batch.last_sequence),
+                events,
+                skipped,
+            }),
             Err(reason) => {
                 self.metrics.reject("batch_rejected");
                 tracing::warn!(gateway = %batch.gateway_id, %reason, "batch rejected");
-                ack.status = pb::AckStatus::Rejected as i32;
-                ack.error = reason;
-                return ack;
+                Prepared::Answered(pb::Ack {
+                    status: pb::AckStatus::Rejected as i32,
+                    error: reason,
+                    ..ack
+                })
             }
-        };
-        // A batch that overtook its predecessor (a window of them is in
-        // flight) waits for it here instead of being refused by the writer
-        // as a gap; the store still decides, this only saves the round trip.
-        let previous = batch.first_sequence - 1;
-        self.wait_for_ack(principal, &batch.gateway_id, batch.epoch, previous).await;
-        let range = (batch.first_sequence, batch.last_sequence);
+        }
+    }
+
+    /// The second half of [`Receiver::batch`]: stores a prepared batch and
+    /// answers for it. The store applies a gateway's commits in the order
+    /// their futures are first polled (see `GatewayStore`), so a stream
+    /// may start the next batch's commit before this one's answer.
+    pub async fn commit(
+        &self,
+        principal: &Principal,
+        transport: &str,
+        ready: ReadyBatch,
+    ) -> pb::Ack {
+        let ReadyBatch { mut ack, range, events, skipped } = ready;
+        let (gateway, epoch) = (ack.gateway_id.clone(), ack.epoch);
         let outcome = self
             .store
-            .commit_gateway_batch(
-                &principal.workspace_id,
-                &batch.gateway_id,
-                batch.epoch,
-                range,
-                events,
-            )
+            .commit_gateway_batch(&principal.workspace_id, &gateway, epoch, range, events)
             .await;
         match outcome {
             Ok(BatchCommit::Acked { acked_sequence, inserted }) => {
                 self.metrics.ingested(transport, inserted);
-                self.publish(principal, &batch.gateway_id, batch.epoch, acked_sequence);
+                self.publish(principal, &gateway, epoch, acked_sequence);
                 ack.acked_sequence = acked_sequence;
                 if !skipped.is_empty() {
                     self.metrics
@@ -206,16 +271,16 @@ impl Receiver {
                 ack.acked_sequence = acked_sequence;
                 ack.error = format!(
                     "batch starts at {} but only {acked_sequence} is stored: an earlier batch is missing",
-                    batch.first_sequence
+                    range.0
                 );
             }
             Ok(BatchCommit::Fenced { current_epoch }) => {
                 self.metrics.reject("fenced");
                 ack.status = pb::AckStatus::Fenced as i32;
-                ack.error = format!("epoch {} is stale; current is {current_epoch}", batch.epoch);
+                ack.error = format!("epoch {epoch} is stale; current is {current_epoch}");
             }
             Err(e) => {
-                tracing::warn!(gateway = %batch.gateway_id, error = %e, "batch not stored");
+                tracing::warn!(%gateway, error = %e, "batch not stored");
                 self.metrics.reject("store_unavailable");
                 ack.status = if e.retryable() {
                     pb::AckStatus::RetryLater as i32

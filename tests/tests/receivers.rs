@@ -192,6 +192,31 @@ async fn grpc_commits_exactly_once_under_redelivery_overlap_and_gaps() {
     assert_eq!(resumed.acked_sequence, 2);
 }
 
+/// A gateway keeps a window of batches in flight on its stream: the cloud
+/// hands each batch that continues the previous one to the store before
+/// that one is answered. Answers still come back in stream order, a resend
+/// or a refused batch in the middle changes nothing around it, and every
+/// event is stored once.
+#[tokio::test]
+async fn grpc_answers_a_window_of_batches_in_order_and_stores_each_once() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let mut client = grpc(&cloud).await;
+    let e = hello(&mut client, &cloud.key, "gw-w").await.epoch;
+    let span =
+        |first: u64| batch("gw-w", e, (first, first + 9), &Vec::from_iter(first..first + 10));
+    let mut batches: Vec<pb::Batch> = (0..40).map(|b| span(b * 10 + 1)).collect();
+    batches.push(span(391)); // sent again
+    batches.push(span(401));
+    batches.push(batch("gw-w", e, (9, 3), &[])); // a range that goes backwards
+    batches.push(span(411));
+    let acks = send_all(&mut client, &cloud.key, batches).await;
+    let got: Vec<(i32, u64)> = acks.iter().map(|a| (a.status, a.acked_sequence)).collect();
+    let mut expected: Vec<(i32, u64)> = (1..=40).map(|b| (OK, b * 10)).collect();
+    expected.extend([(OK, 400), (OK, 410), (REJECTED, 0), (OK, 420)]);
+    assert_eq!(got, expected);
+    assert_eq!(stored_ids(&cloud).await, ids(1..=420));
+}
+
 /// A recreated buffer starts its sequences again at 1, below the old
 /// session's ack. Batches of the new session that overtake each other
 /// (here, each on a stream of its own, sent in reverse) must still wait for

@@ -5,8 +5,12 @@
 //! zstd-compressed; tonic enforces the decoded size limit, so neither a huge
 //! message nor a decompression bomb is ever held in memory.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use opgraph_proto::frame::MAX_BATCH_BYTES;
 use opgraph_proto::pb;
@@ -18,8 +22,8 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::Receiver;
 use super::tls::TlsMaterial;
+use super::{Prepared, Receiver};
 use crate::auth::Principal;
 use crate::error::Error;
 
@@ -73,36 +77,123 @@ impl Ingest for GrpcReceiver {
         let receiver = Arc::clone(&self.receiver);
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
+            // A batch that continues the one before it on this stream is
+            // handed to the store as soon as it is checked, up to PIPELINE
+            // ahead of the answers: the store applies them in the order
+            // handed over, and its writer can take several in one
+            // transaction while this task checks the next. Any other batch
+            // (the first, a resend, one after a hole in the stream) waits
+            // for the answers before it and for its predecessor's ack, as
+            // every batch did before: its predecessor may be on another
+            // stream. Answers go back in stream order.
+            let mut pending: VecDeque<Commit> = VecDeque::new();
+            // Where the last batch handed to the store ended.
+            let mut tail: Option<(u64, u64)> = None;
             loop {
                 let next = tokio::select! {
+                    biased;
                     _ = shutdown.cancelled() => {
+                        // Commits already handed over still land; the
+                        // gateway resends them and the store keeps one copy.
                         let _ = tx.send(Err(Status::unavailable("the cloud is shutting down"))).await;
                         return;
                     }
-                    next = batches.message() => next,
+                    Some(ack) = front(&mut pending) => {
+                        pending.pop_front();
+                        if !send_ack(&tx, ack).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    next = batches.message(), if pending.len() < PIPELINE => next,
                 };
                 let batch = match next {
                     Ok(Some(batch)) => batch,
-                    Ok(None) => return,
+                    Ok(None) => {
+                        drain(&mut pending, &tx).await;
+                        return;
+                    }
                     Err(e) => {
                         // Undecodable or oversized frame: tell the client why
                         // and end the stream; nothing of it was stored.
                         receiver.metrics.reject("bad_frame");
                         tracing::warn!(error = %e, "bad gRPC batch frame");
-                        let _ =
-                            tx.send(Err(Status::invalid_argument(e.message().to_owned()))).await;
+                        if drain(&mut pending, &tx).await {
+                            let _ = tx
+                                .send(Err(Status::invalid_argument(e.message().to_owned())))
+                                .await;
+                        }
                         return;
                     }
                 };
-                let ack = receiver.batch(&principal, "grpc", batch).await;
-                let fenced = ack.status == pb::AckStatus::Fenced as i32;
-                if tx.send(Ok(ack)).await.is_err() || fenced {
-                    return;
-                }
+                let commit: Commit = match receiver.prepare(batch) {
+                    Prepared::Answered(ack) => Box::pin(std::future::ready(ack)),
+                    Prepared::Ready(ready) if ready.follows(tail) => {
+                        tail = Some(ready.end());
+                        let (receiver, principal) = (Arc::clone(&receiver), principal.clone());
+                        let mut commit: Commit =
+                            Box::pin(
+                                async move { receiver.commit(&principal, "grpc", ready).await },
+                            );
+                        // Polled once now, so that it is in the store's queue
+                        // before the next batch's commit.
+                        match poll_once(commit.as_mut()).await {
+                            Poll::Ready(ack) => Box::pin(std::future::ready(ack)),
+                            Poll::Pending => commit,
+                        }
+                    }
+                    Prepared::Ready(ready) => {
+                        if !drain(&mut pending, &tx).await {
+                            return;
+                        }
+                        tail = Some(ready.end());
+                        let ack =
+                            receiver.commit_after_predecessor(&principal, "grpc", ready).await;
+                        Box::pin(std::future::ready(ack))
+                    }
+                };
+                pending.push_back(commit);
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// Batches of one stream handed to the store ahead of their answers, at
+/// most: the gateway's default window (`uplink.max_in_flight`).
+const PIPELINE: usize = 8;
+
+/// A batch's commit, or its answer already.
+type Commit = Pin<Box<dyn Future<Output = pb::Ack> + Send>>;
+
+/// The oldest pending commit's answer, when it is ready.
+async fn front(pending: &mut VecDeque<Commit>) -> Option<pb::Ack> {
+    match pending.front_mut() {
+        Some(commit) => Some(commit.await),
+        None => None,
+    }
+}
+
+/// Polls `commit` once, which runs it up to its first wait.
+async fn poll_once(mut commit: Pin<&mut (dyn Future<Output = pb::Ack> + Send)>) -> Poll<pb::Ack> {
+    std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await
+}
+
+/// Sends every pending answer in order; false if the stream ended first.
+async fn drain(pending: &mut VecDeque<Commit>, tx: &mpsc::Sender<Result<pb::Ack, Status>>) -> bool {
+    while let Some(commit) = pending.pop_front() {
+        if !send_ack(tx, commit.await).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Sends an answer; false when the stream should end (the gateway left, or
+/// it was fenced).
+async fn send_ack(tx: &mpsc::Sender<Result<pb::Ack, Status>>, ack: pb::Ack) -> bool {
+    let fenced = ack.status == pb::AckStatus::Fenced as i32;
+    tx.send(Ok(ack)).await.is_ok() && !fenced
 }
 
 /// Binds and serves until `shutdown`; returns the bound address at once.

@@ -866,6 +866,40 @@ pub async fn gateway_batches(store: &dyn Store) {
     assert_eq!(ingested().await - ingested_before, 4);
 }
 
+/// A receiver hands a gateway's next batch over before the answer for the
+/// one before it: commits first polled in order are applied in order.
+pub async fn gateway_batches_in_flight(store: &dyn Store) {
+    use super::gateway::BatchCommit;
+    use std::task::Poll;
+    const BATCHES: u64 = 24;
+    const SPAN: u64 = 5;
+    let session = store.open_gateway_session(WS, "gw-window", "buf-1").await.unwrap();
+    let mut commits = Vec::new();
+    for b in 0..BATCHES {
+        let first = b * SPAN + 1;
+        let events = (first..first + SPAN)
+            .map(|seq| {
+                let mut e = to_events(vec![plain(1, "tote.moved", T + 60 * H)]).remove(0);
+                e.id = format!("evt_window{seq:04}");
+                (seq, e)
+            })
+            .collect();
+        let range = (first, first + SPAN - 1);
+        let mut commit = store.commit_gateway_batch(WS, "gw-window", session.epoch, range, events);
+        // Polled once, as a receiver does before taking the next batch.
+        let early = std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
+        commits.push((range, early, commit));
+    }
+    for (range, early, commit) in commits {
+        let answer = match early {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => commit.await,
+        };
+        let expected = BatchCommit::Acked { acked_sequence: range.1, inserted: SPAN as usize };
+        assert_eq!(answer.unwrap(), expected, "batch {range:?}");
+    }
+}
+
 /// Governance objects and receipts: the latest version of each object,
 /// compare-and-set of decisions, revocation once, the triggering event,
 /// one linear receipt chain per writer, each receipt listed once, and
@@ -1141,7 +1175,7 @@ macro_rules! store_conformance {
     ($open:path) => {
         $crate::store_conformance!(@cases $open;
             workspaces_and_keys, list_events, appends_are_idempotent, usage_counters,
-            gateway_batches,
+            gateway_batches, gateway_batches_in_flight,
             totals, totals_at_unaligned_edges, series, funnel, attribution_first_touch,
             attribution_last_touch, attribution_linear,
             attribution_counts_touchpoints_without_conversions, period_diff, search, runs_and_actors,

@@ -30,7 +30,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::{
     ApiKeyRecord, AppendRequest, AppendResult, EventFilter, NewApiKey, NewEvent, Store,
@@ -51,14 +51,24 @@ type Reply = Box<dyn FnOnce(Result<()>) + Send>;
 /// could not even begin, in which case it only reports the failure.
 type Job = Box<dyn FnOnce(Option<&Connection>) -> (bool, Reply) + Send>;
 
+/// Requests waiting for the writer, at most; past it, callers wait for
+/// room ([`EmbeddedStore::write`]).
+const QUEUE_LIMIT: usize = 4096;
+
 enum Command {
-    Write(Job),
+    /// A request, with its place in the queue: room for the next caller
+    /// once the writer takes it.
+    Write(Job, OwnedSemaphorePermit),
     Close(oneshot::Sender<()>),
 }
 
 pub struct EmbeddedStore {
     path: PathBuf,
-    writer: Mutex<Option<mpsc::SyncSender<Command>>>,
+    writer: Mutex<Option<mpsc::Sender<Command>>>,
+    /// Places in the writer's queue. Tokio's semaphore serves waiters in
+    /// the order they asked, so requests enter the queue in the order
+    /// their futures were first polled, full queue or not.
+    queue: Arc<Semaphore>,
     readers: Arc<Mutex<Vec<Connection>>>,
     search: search::SearchIndex,
     /// Held, never read: the data directory is this process's ([`create_and_lock_dir`]).
@@ -131,7 +141,7 @@ impl EmbeddedStore {
             .spawn(move || checkpointer(checkpoints, nudges))
             .map_err(Error::internal)?;
         let (search, index_nudge) = search::SearchIndex::start(&path, options.search_wait)?;
-        let (tx, rx) = mpsc::sync_channel::<Command>(4096);
+        let (tx, rx) = mpsc::channel::<Command>();
         let writer = Writer {
             conn,
             window: group_commit_window,
@@ -150,6 +160,7 @@ impl EmbeddedStore {
         Ok(EmbeddedStore {
             path,
             writer: Mutex::new(Some(tx)),
+            queue: Arc::new(Semaphore::new(QUEUE_LIMIT)),
             readers: Arc::new(Mutex::new(Vec::new())),
             search,
             _dir_lock: dir_lock,
@@ -174,28 +185,21 @@ impl EmbeddedStore {
             });
             (ok, reply)
         });
+        // A full queue makes callers wait here, off the writer: the
+        // back-pressure on ingest.
+        let place = Arc::clone(&self.queue)
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::Unavailable { retry_after_secs: 1 })?;
         let sender = self
             .writer
             .lock()
             .map_err(|_| Error::internal("writer lock poisoned"))?
             .clone()
             .ok_or(Error::Unavailable { retry_after_secs: 1 })?;
-        // The channel is bounded: a full queue waits for room, off the
-        // async threads, which is the back-pressure on ingest. Handing the
-        // send to a blocking thread costs a thread hop, so only a full queue
-        // pays it.
-        match sender.try_send(Command::Write(job)) {
-            Ok(()) => {}
-            Err(mpsc::TrySendError::Full(command)) => {
-                tokio::task::spawn_blocking(move || sender.send(command))
-                    .await
-                    .map_err(Error::internal)?
-                    .map_err(|_| Error::Unavailable { retry_after_secs: 1 })?;
-            }
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                return Err(Error::Unavailable { retry_after_secs: 1 });
-            }
-        }
+        sender
+            .send(Command::Write(job, place))
+            .map_err(|_| Error::Unavailable { retry_after_secs: 1 })?;
         rx.await.map_err(|_| Error::internal("store writer stopped"))?
     }
 
@@ -564,7 +568,7 @@ impl Writer {
             let mut jobs = Vec::new();
             let mut closing = None;
             match first {
-                Command::Write(job) => jobs.push(job),
+                Command::Write(job, _place) => jobs.push(job),
                 Command::Close(done) => closing = Some(done),
             }
             if closing.is_none() && !self.window.is_zero() {
@@ -572,7 +576,7 @@ impl Writer {
             }
             while closing.is_none() && jobs.len() < MAX_GROUP {
                 match rx.try_recv() {
-                    Ok(Command::Write(job)) => jobs.push(job),
+                    Ok(Command::Write(job, _place)) => jobs.push(job),
                     Ok(Command::Close(done)) => closing = Some(done),
                     Err(_) => break,
                 }
@@ -941,10 +945,7 @@ impl Store for EmbeddedStore {
         let sender = self.writer.lock().map_err(|_| Error::internal("poisoned"))?.take();
         if let Some(sender) = sender {
             let (tx, rx) = oneshot::channel();
-            let sent = tokio::task::spawn_blocking(move || sender.send(Command::Close(tx)))
-                .await
-                .map_err(Error::internal)?;
-            if sent.is_ok() {
+            if sender.send(Command::Close(tx)).is_ok() {
                 let _ = rx.await;
             }
         }
@@ -1491,6 +1492,78 @@ mod writer_settings {
         assert_eq!(default, (-256 * 1024, 256 * 1024 * 1024));
         let small = EmbeddedOptions { writer_cache: 8 * 1024 * 1024, ..EmbeddedOptions::default() };
         assert_eq!(writer_pragmas(small).await.0, -8 * 1024);
+    }
+}
+
+#[cfg(test)]
+mod writer_queue {
+    use std::sync::{Arc, Mutex};
+    use std::task::Poll;
+
+    use tokio::sync::oneshot;
+
+    use super::{EmbeddedOptions, EmbeddedStore, QUEUE_LIMIT};
+
+    /// A gRPC stream hands the store a gateway's batches before their
+    /// answers, each polled once in order and then awaited in order; with
+    /// the writer's queue full, they must still reach the writer in that
+    /// order (see `GatewayStore::commit_gateway_batch`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_that_find_the_queue_full_enter_it_in_the_order_they_asked() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
+        let store = Arc::new(store);
+        // The writer is held inside a job until released.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (entered, inside) = oneshot::channel();
+        let blocker = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .write(move |_| {
+                        let _ = entered.send(());
+                        let _ = held.recv();
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        inside.await.expect("the writer runs the blocking job");
+        // Every place in the queue taken.
+        let fillers: Vec<_> = (0..QUEUE_LIMIT)
+            .map(|_| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { store.write(|_| Ok(())).await })
+            })
+            .collect();
+        for _ in 0..1_000_000 {
+            if store.queue.available_permits() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(store.queue.available_permits(), 0, "the fillers took the queue");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut waiting = Vec::new();
+        for i in 0..64 {
+            let order = Arc::clone(&order);
+            let mut write = Box::pin(store.write(move |_| {
+                order.lock().expect("order").push(i);
+                Ok(())
+            }));
+            let early = std::future::poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx))).await;
+            assert!(early.is_pending(), "write {i} found room in a full queue");
+            waiting.push(write);
+        }
+        release.send(()).expect("release the writer");
+        for write in waiting {
+            write.await.expect("write");
+        }
+        assert_eq!(*order.lock().expect("order"), (0..64).collect::<Vec<_>>());
+        blocker.await.expect("blocker task").expect("blocking job");
+        for filler in fillers {
+            filler.await.expect("filler task").expect("filler");
+        }
     }
 }
 
