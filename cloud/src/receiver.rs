@@ -174,6 +174,7 @@ impl Receiver {
 
     /// Handles one batch and says how it went; never fails: every outcome
     /// is an ack the gateway can act on.
+    ///
     /// Batches may arrive in any order (parallel QUIC streams): one that
     /// overtook its predecessor waits for it here instead of being refused
     /// by the store as a gap; the store still decides, this only saves the
@@ -233,8 +234,8 @@ impl Receiver {
 
     /// The second half of [`Receiver::batch`]: stores a prepared batch and
     /// answers for it. The store applies a gateway's commits in the order
-    /// their futures are first polled (see `GatewayStore`), so a stream
-    /// may start the next batch's commit before this one's answer.
+    /// they are handed over (see `GatewayStore::commit_gateway_batch`), so
+    /// one task may start the next batch's commit before this one's answer.
     pub async fn commit(
         &self,
         principal: &Principal,

@@ -75,12 +75,13 @@ pub trait GatewayStore: Send + Sync {
     /// transaction, provided `epoch` is current and the range joins the
     /// stored prefix (`first <= acked + 1`).
     ///
-    /// Commits whose futures are first polled one after the other are
-    /// applied in that order, even while earlier ones are still pending: a
-    /// receiver may hand over a gateway's next batch before the answer for
-    /// the one before it, and that batch must then find its predecessor's
-    /// ack (the embedded writer's queue and ClickHouse's per-workspace lock
-    /// are both first come, first served).
+    /// Commits handed over by one task in order (each future polled once
+    /// when made, then all awaited in that order) are applied in that
+    /// order, even while earlier ones are still pending: a receiver may
+    /// hand over a gateway's next batch before the answer for the one
+    /// before it, and that batch must then find its predecessor's ack (the
+    /// embedded writer's queue and ClickHouse's per-workspace lock are both
+    /// first come, first served).
     async fn commit_gateway_batch(
         &self,
         workspace_id: &str,
