@@ -11,11 +11,15 @@
 //!   HTTP ones (an invalid envelope is skipped, counted and named in the
 //!   ack's `error`: one bad reading must not stall a site's delivery), and it
 //!   is committed in one transaction that also advances the ack.
-//! - A batch that arrives before the one in front of it (parallel QUIC
-//!   streams) waits briefly for the gap to close instead of failing.
+//! - A batch is handed to the store as soon as its predecessors were, by
+//!   one task per gRPC stream or QUIC connection ([`in_flight`]), so the
+//!   store's writer can commit several at once. One that arrives before
+//!   the one in front of it (parallel QUIC streams, separate gRPC streams)
+//!   waits briefly for the gap to close instead of failing.
 //! - Store trouble answers RETRY_LATER: the gateway keeps its buffer.
 
 pub mod grpc;
+mod in_flight;
 pub mod quic;
 pub mod tls;
 
@@ -98,17 +102,33 @@ pub struct ReadyBatch {
     skipped: Vec<String>,
 }
 
+/// How far one task has handed a session's batches to the store: the
+/// session's epoch and the highest sequence handed over (or acknowledged
+/// when the session opened).
+pub type Tail = (u64, u64);
+
 impl ReadyBatch {
-    /// The session epoch and the last sequence it covers: where the
-    /// gateway's next batch starts from.
-    pub fn end(&self) -> (u64, u64) {
-        (self.ack.epoch, self.range.1)
+    pub fn gateway(&self) -> &str {
+        &self.ack.gateway_id
     }
 
-    /// Whether it starts right after a batch that ended at `end`, in the
-    /// same session.
-    pub fn follows(&self, end: Option<(u64, u64)>) -> bool {
-        end == Some((self.ack.epoch, self.range.0 - 1))
+    /// Whether every sequence before it is covered by what was handed over
+    /// up to `tail`, in its session: the store then applies those first.
+    pub fn joins(&self, tail: Option<Tail>) -> bool {
+        matches!(tail, Some((epoch, last)) if epoch == self.ack.epoch && self.range.0 <= last + 1)
+    }
+
+    /// `tail` once this batch is handed over.
+    pub fn extend(&self, tail: Option<Tail>) -> Tail {
+        match tail {
+            Some((epoch, last)) if epoch == self.ack.epoch => (epoch, last.max(self.range.1)),
+            _ => (self.ack.epoch, self.range.1),
+        }
+    }
+
+    /// Its first sequence.
+    pub fn first(&self) -> u64 {
+        self.range.0
     }
 }
 

@@ -427,6 +427,34 @@ async fn quic_commits_batches_on_parallel_streams_and_refuses_bad_frames() {
     assert_eq!(stored_ids(&cloud).await.len(), 101);
 }
 
+/// More batches than the cloud hands to its store ahead of their answers,
+/// all on parallel streams and in a scrambled order: the connection's
+/// sequencer holds each until its predecessors went first, and every event
+/// is stored once.
+#[tokio::test]
+async fn quic_sequences_a_scrambled_window_of_batches() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let (_endpoint, connection) = quic_connect(&cloud).await;
+    let e = quic_session(&connection, &cloud.key, "gw-s").await.unwrap().epoch;
+    let mut tasks = tokio::task::JoinSet::new();
+    // 0, 39, 1, 38, ...: every other batch arrives long before its turn.
+    let order = (0..20u64).flat_map(|i| [i, 39 - i]);
+    for i in order {
+        let connection = connection.clone();
+        let seqs: Vec<u64> = (i * 10 + 1..=i * 10 + 10).collect();
+        let b = batch("gw-s", e, (i * 10 + 1, i * 10 + 10), &seqs);
+        tasks.spawn(
+            async move { quic_send(&connection, &frame::encode_batch(&b, 1).unwrap()).await },
+        );
+    }
+    assert_eq!(highest_of_all_ok(tasks).await, 400);
+    // Sent again, it is acknowledged and stored nothing twice.
+    let again = batch("gw-s", e, (391, 400), &(391..=400).collect::<Vec<_>>());
+    let ack = quic_send(&connection, &frame::encode_batch(&again, 1).unwrap()).await;
+    assert_eq!((ack.status, ack.acked_sequence), (OK, 400));
+    assert_eq!(stored_ids(&cloud).await, ids(1..=400));
+}
+
 #[tokio::test]
 async fn quic_closes_unauthenticated_connections() {
     let cloud = Cloud::start(&[]).await.unwrap();

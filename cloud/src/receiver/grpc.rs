@@ -5,12 +5,8 @@
 //! zstd-compressed; tonic enforces the decoded size limit, so neither a huge
 //! message nor a decompression bomb is ever held in memory.
 
-use std::collections::VecDeque;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 
 use opgraph_proto::frame::MAX_BATCH_BYTES;
 use opgraph_proto::pb;
@@ -22,6 +18,7 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::in_flight::InFlight;
 use super::tls::TlsMaterial;
 use super::{Prepared, Receiver};
 use crate::auth::Principal;
@@ -77,17 +74,16 @@ impl Ingest for GrpcReceiver {
         let receiver = Arc::clone(&self.receiver);
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
-            // A batch that continues the one before it on this stream is
-            // handed to the store as soon as it is checked, up to PIPELINE
-            // ahead of the answers: the store applies them in the order
-            // handed over, and its writer can take several in one
-            // transaction while this task checks the next. Any other batch
-            // (the first, a resend, one after a hole in the stream) waits
-            // for the answers before it and for its predecessor's ack, as
-            // every batch did before: its predecessor may be on another
-            // stream. Answers go back in stream order.
-            let mut pending: VecDeque<Commit> = VecDeque::new();
-            // Where the last batch handed to the store ended.
+            // A batch whose predecessors were all handed to the store by
+            // this stream is handed over as soon as it is checked, up to
+            // MAX_IN_FLIGHT ahead of the answers: the store applies them
+            // in the order handed over, and its writer can take several in
+            // one transaction while this task checks the next. Any other
+            // batch (a stream's first, one after a hole) waits for the
+            // answers before it and for its predecessor's ack, as every
+            // batch did before: its predecessor may be on another stream.
+            // Answers go back in stream order.
+            let mut in_flight = InFlight::new();
             let mut tail: Option<(u64, u64)> = None;
             loop {
                 let next = tokio::select! {
@@ -98,19 +94,18 @@ impl Ingest for GrpcReceiver {
                         let _ = tx.send(Err(Status::unavailable("the cloud is shutting down"))).await;
                         return;
                     }
-                    Some(ack) = front(&mut pending) => {
-                        pending.pop_front();
+                    Some((ack, ())) = in_flight.next() => {
                         if !send_ack(&tx, ack).await {
                             return;
                         }
                         continue;
                     }
-                    next = batches.message(), if pending.len() < PIPELINE => next,
+                    next = batches.message(), if !in_flight.is_full() => next,
                 };
                 let batch = match next {
                     Ok(Some(batch)) => batch,
                     Ok(None) => {
-                        drain(&mut pending, &tx).await;
+                        drain(&mut in_flight, &tx).await;
                         return;
                     }
                     Err(e) => {
@@ -118,7 +113,7 @@ impl Ingest for GrpcReceiver {
                         // and end the stream; nothing of it was stored.
                         receiver.metrics.reject("bad_frame");
                         tracing::warn!(error = %e, "bad gRPC batch frame");
-                        if drain(&mut pending, &tx).await {
+                        if drain(&mut in_flight, &tx).await {
                             let _ = tx
                                 .send(Err(Status::invalid_argument(e.message().to_owned())))
                                 .await;
@@ -126,63 +121,32 @@ impl Ingest for GrpcReceiver {
                         return;
                     }
                 };
-                let commit: Commit = match receiver.prepare(batch) {
-                    Prepared::Answered(ack) => Box::pin(std::future::ready(ack)),
-                    Prepared::Ready(ready) if ready.follows(tail) => {
-                        tail = Some(ready.end());
-                        let (receiver, principal) = (Arc::clone(&receiver), principal.clone());
-                        let mut commit: Commit =
-                            Box::pin(
-                                async move { receiver.commit(&principal, "grpc", ready).await },
-                            );
-                        // Polled once now, so that it is in the store's queue
-                        // before the next batch's commit.
-                        match poll_once(commit.as_mut()).await {
-                            Poll::Ready(ack) => Box::pin(std::future::ready(ack)),
-                            Poll::Pending => commit,
-                        }
+                match receiver.prepare(batch) {
+                    Prepared::Answered(ack) => in_flight.answered(ack, ()),
+                    Prepared::Ready(ready) if ready.joins(tail) => {
+                        tail = Some(ready.extend(tail));
+                        in_flight.hand_over(&receiver, &principal, "grpc", ready, ()).await;
                     }
                     Prepared::Ready(ready) => {
-                        if !drain(&mut pending, &tx).await {
+                        if !drain(&mut in_flight, &tx).await {
                             return;
                         }
-                        tail = Some(ready.end());
+                        tail = Some(ready.extend(tail));
                         let ack =
                             receiver.commit_after_predecessor(&principal, "grpc", ready).await;
-                        Box::pin(std::future::ready(ack))
+                        in_flight.answered(ack, ());
                     }
-                };
-                pending.push_back(commit);
+                }
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
 
-/// Batches of one stream handed to the store ahead of their answers, at
-/// most: the gateway's default window (`uplink.max_in_flight`).
-const PIPELINE: usize = 8;
-
-/// A batch's commit, or its answer already.
-type Commit = Pin<Box<dyn Future<Output = pb::Ack> + Send>>;
-
-/// The oldest pending commit's answer, when it is ready.
-async fn front(pending: &mut VecDeque<Commit>) -> Option<pb::Ack> {
-    match pending.front_mut() {
-        Some(commit) => Some(commit.await),
-        None => None,
-    }
-}
-
-/// Polls `commit` once, which runs it up to its first wait.
-async fn poll_once(mut commit: Pin<&mut (dyn Future<Output = pb::Ack> + Send)>) -> Poll<pb::Ack> {
-    std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await
-}
-
-/// Sends every pending answer in order; false if the stream ended first.
-async fn drain(pending: &mut VecDeque<Commit>, tx: &mpsc::Sender<Result<pb::Ack, Status>>) -> bool {
-    while let Some(commit) = pending.pop_front() {
-        if !send_ack(tx, commit.await).await {
+/// Sends every answer in flight, in order; false if the stream ended first.
+async fn drain(in_flight: &mut InFlight<()>, tx: &mpsc::Sender<Result<pb::Ack, Status>>) -> bool {
+    while let Some((ack, ())) = in_flight.next().await {
+        if !send_ack(tx, ack).await {
             return false;
         }
     }

@@ -5,18 +5,24 @@
 //! stream of its own and is answered with an `Ack` on that stream: a lost
 //! packet delays only the batch it belonged to, which is why QUIC keeps its
 //! throughput on a lossy link where one TCP stream stalls. Frames are the
-//! bounded codec of `opgraph_proto::frame`.
+//! bounded codec of `opgraph_proto::frame`. Streams deliver batches in any
+//! order; one task per connection ([`sequence`]) hands them to the store in
+//! sequence order.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use opgraph_proto::frame::{self, FrameKind, HEADER_LEN};
 use opgraph_proto::pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::Receiver;
+use super::in_flight::InFlight;
 use super::tls::TlsMaterial;
+use super::{GAP_WAIT, Prepared, ReadyBatch, Receiver, Tail};
 use crate::auth::Principal;
 
 /// Batches a gateway may have in flight on one connection.
@@ -88,10 +94,18 @@ async fn read_frame(recv: &mut quinn::RecvStream) -> anyhow::Result<(FrameKind, 
     Ok((kind, bytes))
 }
 
+/// The session a connection opened: who, which gateway, and where its
+/// batches start ([`Tail`]).
+struct Session {
+    principal: Principal,
+    gateway: String,
+    start: Tail,
+}
+
 async fn open_session(
     connection: &quinn::Connection,
     receiver: &Receiver,
-) -> anyhow::Result<Principal> {
+) -> anyhow::Result<Session> {
     let (mut send, mut recv) = tokio::time::timeout(OPEN_TIMEOUT, connection.accept_bi()).await??;
     let (kind, body) = tokio::time::timeout(OPEN_TIMEOUT, read_frame(&mut recv)).await??;
     let open = match kind {
@@ -114,7 +128,8 @@ async fn open_session(
         Ok(response) => {
             send.write_all(&frame::encode_message(FrameKind::HelloResponse, &response)).await?;
             send.finish()?;
-            Ok(principal)
+            let start = (response.epoch, response.acked_sequence);
+            Ok(Session { principal, gateway: hello.gateway_id, start })
         }
         Err(e) => {
             connection.close(CLOSE_BAD_SESSION.into(), e.to_string().as_bytes());
@@ -129,8 +144,11 @@ async fn connection(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let connection = incoming.await?;
-    let principal = Arc::new(open_session(&connection, &receiver).await?);
+    let session = open_session(&connection, &receiver).await?;
+    let principal = Arc::new(session.principal.clone());
     let streams = tokio_util::task::TaskTracker::new();
+    let (handovers, to_sequencer) = mpsc::channel(MAX_STREAMS as usize);
+    streams.spawn(sequence(Arc::clone(&receiver), session, to_sequencer));
     loop {
         let (send, recv) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -139,50 +157,161 @@ async fn connection(
                 Err(_) => break,
             },
         };
-        let (receiver, principal, connection) =
-            (Arc::clone(&receiver), Arc::clone(&principal), connection.clone());
+        let (receiver, principal, connection, handovers) =
+            (Arc::clone(&receiver), Arc::clone(&principal), connection.clone(), handovers.clone());
         streams.spawn(async move {
-            if let Err(e) = batch_stream(send, recv, &receiver, &principal, &connection).await {
+            let stream = BatchStream { receiver: &receiver, principal: &principal, handovers };
+            if let Err(e) = stream.run(send, recv, &connection).await {
                 tracing::debug!(error = %e, "QUIC batch stream failed");
             }
         });
     }
+    // The sequencer ends once the streams still running are answered.
+    drop(handovers);
     streams.close();
     streams.wait().await;
     Ok(())
 }
 
-async fn batch_stream(
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-    receiver: &Receiver,
-    principal: &Principal,
-    connection: &quinn::Connection,
-) -> anyhow::Result<()> {
-    let decoded = match read_frame(&mut recv).await {
-        Ok((FrameKind::Batch, body)) => frame::decode_batch(&body).map_err(anyhow::Error::from),
-        Ok((other, _)) => Err(anyhow::anyhow!("expected a Batch frame, got {other:?}")),
-        Err(e) => Err(e),
-    };
-    let ack = match decoded {
-        Ok(batch) => receiver.batch(principal, "quic", batch).await,
-        Err(e) => {
-            receiver.metrics.reject("bad_frame");
-            tracing::warn!(error = %e, "bad QUIC batch frame");
-            pb::Ack {
-                status: pb::AckStatus::Rejected as i32,
-                error: e.to_string(),
-                ..pb::Ack::default()
+/// What a batch stream needs besides its own two halves.
+struct BatchStream<'a> {
+    receiver: &'a Arc<Receiver>,
+    principal: &'a Principal,
+    handovers: mpsc::Sender<Handover>,
+}
+
+impl BatchStream<'_> {
+    async fn run(
+        self,
+        mut send: quinn::SendStream,
+        mut recv: quinn::RecvStream,
+        connection: &quinn::Connection,
+    ) -> anyhow::Result<()> {
+        let decoded = match read_frame(&mut recv).await {
+            Ok((FrameKind::Batch, body)) => frame::decode_batch(&body).map_err(anyhow::Error::from),
+            Ok((other, _)) => Err(anyhow::anyhow!("expected a Batch frame, got {other:?}")),
+            Err(e) => Err(e),
+        };
+        let ack = match decoded {
+            Ok(batch) => self.answer(batch).await,
+            Err(e) => {
+                self.receiver.metrics.reject("bad_frame");
+                tracing::warn!(error = %e, "bad QUIC batch frame");
+                pb::Ack {
+                    status: pb::AckStatus::Rejected as i32,
+                    error: e.to_string(),
+                    ..pb::Ack::default()
+                }
+            }
+        };
+        let fenced = ack.status == pb::AckStatus::Fenced as i32;
+        send.write_all(&frame::encode_message(FrameKind::Ack, &ack)).await?;
+        send.finish()?;
+        if fenced {
+            // Let the ack reach the gateway before the connection goes.
+            let _ = send.stopped().await;
+            connection.close(CLOSE_FENCED.into(), b"a newer session of this gateway exists");
+        }
+        Ok(())
+    }
+
+    /// Checks a batch and has it committed: by the connection's sequencer
+    /// when it belongs to the connection's session, else as it comes.
+    async fn answer(&self, batch: pb::Batch) -> pb::Ack {
+        let ready = match self.receiver.prepare(batch) {
+            Prepared::Answered(ack) => return ack,
+            Prepared::Ready(ready) => ready,
+        };
+        let (answer, answered) = oneshot::channel();
+        match self.handovers.send(Handover { ready, answer }).await {
+            Ok(()) => answered.await.unwrap_or_else(|_| retry_later()),
+            Err(mpsc::error::SendError(Handover { ready, .. })) => {
+                self.receiver.commit_after_predecessor(self.principal, "quic", ready).await
             }
         }
-    };
-    let fenced = ack.status == pb::AckStatus::Fenced as i32;
-    send.write_all(&frame::encode_message(FrameKind::Ack, &ack)).await?;
-    send.finish()?;
-    if fenced {
-        // Let the ack reach the gateway before the connection goes.
-        let _ = send.stopped().await;
-        connection.close(CLOSE_FENCED.into(), b"a newer session of this gateway exists");
     }
-    Ok(())
+}
+
+fn retry_later() -> pb::Ack {
+    pb::Ack {
+        status: pb::AckStatus::RetryLater as i32,
+        error: "the batch was not committed; send it again".into(),
+        ..pb::Ack::default()
+    }
+}
+
+/// A checked batch on its way to the sequencer, and where its answer goes.
+struct Handover {
+    ready: ReadyBatch,
+    answer: oneshot::Sender<pb::Ack>,
+}
+
+/// Hands a connection's batches to the store in sequence order, from this
+/// one task: parallel streams deliver them in any order, and a batch that
+/// reached the store before its predecessor would be refused as a gap. A
+/// batch whose predecessors were all handed over goes at once, up to
+/// `MAX_IN_FLIGHT` ahead of the answers, so that the store's writer can
+/// take several in one transaction; one that arrived early waits here for
+/// them, at most [`GAP_WAIT`], and then goes anyway (the store decides).
+/// A batch of another session than the connection's (a gateway bug) is
+/// committed as it comes, as every batch was before.
+async fn sequence(
+    receiver: Arc<Receiver>,
+    session: Session,
+    mut handovers: mpsc::Receiver<Handover>,
+) {
+    let Session { principal, gateway, start } = session;
+    let mut tail = Some(start);
+    let mut in_flight: InFlight<oneshot::Sender<pb::Ack>> = InFlight::new();
+    // Batches that arrived before a predecessor, by first sequence, then
+    // arrival; with the time they give up waiting.
+    let mut early: BTreeMap<(u64, u64), (Handover, Instant)> = BTreeMap::new();
+    let mut arrivals = 0u64;
+    let mut open = true;
+    while open || !in_flight.is_empty() || !early.is_empty() {
+        let give_up = early.values().map(|(_, at)| *at).min();
+        tokio::select! {
+            biased;
+            Some((ack, answer)) = in_flight.next() => {
+                let _ = answer.send(ack);
+            }
+            handover = handovers.recv(), if open && !in_flight.is_full() => {
+                let Some(handover) = handover else {
+                    open = false;
+                    continue;
+                };
+                if handover.ready.gateway() != gateway {
+                    let ack = receiver.commit_after_predecessor(&principal, "quic", handover.ready).await;
+                    in_flight.answered(ack, handover.answer);
+                } else if handover.ready.joins(tail) {
+                    tail = Some(handover.ready.extend(tail));
+                    in_flight.hand_over(&receiver, &principal, "quic", handover.ready, handover.answer).await;
+                } else {
+                    arrivals += 1;
+                    let key = (handover.ready.first(), arrivals);
+                    early.insert(key, (handover, Instant::now() + GAP_WAIT));
+                }
+            }
+            () = sleep_until(give_up.unwrap_or_else(Instant::now)), if give_up.is_some() && !in_flight.is_full() => {
+                let now = Instant::now();
+                let expired = early.iter().find(|(_, (_, at))| *at <= now).map(|(key, _)| *key);
+                if let Some((handover, _)) = expired.and_then(|key| early.remove(&key)) {
+                    tail = Some(handover.ready.extend(tail));
+                    in_flight.hand_over(&receiver, &principal, "quic", handover.ready, handover.answer).await;
+                }
+            }
+        }
+        // Early batches that the last hand-over joined go next, in order.
+        while !in_flight.is_full() {
+            let Some(entry) = early.first_entry() else { break };
+            if !entry.get().0.ready.joins(tail) {
+                break;
+            }
+            let (handover, _) = entry.remove();
+            tail = Some(handover.ready.extend(tail));
+            in_flight
+                .hand_over(&receiver, &principal, "quic", handover.ready, handover.answer)
+                .await;
+        }
+    }
 }
