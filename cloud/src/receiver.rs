@@ -192,24 +192,12 @@ impl Receiver {
         Ok(pb::HelloResponse { epoch: session.epoch, acked_sequence: session.acked_sequence })
     }
 
-    /// Handles one batch and says how it went; never fails: every outcome
-    /// is an ack the gateway can act on.
-    ///
-    /// Batches may arrive in any order (parallel QUIC streams): one that
-    /// overtook its predecessor waits for it here instead of being refused
-    /// by the store as a gap; the store still decides, this only saves the
-    /// round trip.
-    pub async fn batch(&self, principal: &Principal, transport: &str, batch: pb::Batch) -> pb::Ack {
-        match self.prepare(batch) {
-            Prepared::Answered(ack) => ack,
-            Prepared::Ready(ready) => {
-                self.commit_after_predecessor(principal, transport, ready).await
-            }
-        }
-    }
-
     /// [`Receiver::commit`] once the batch's predecessor is acknowledged,
-    /// or after [`GAP_WAIT`].
+    /// or after [`GAP_WAIT`]: for a batch whose predecessor the caller did
+    /// not hand over itself. Batches may arrive in any order (separate
+    /// gRPC streams): one that overtook its predecessor waits for it here
+    /// instead of being refused by the store as a gap; the store still
+    /// decides, this only saves the round trip.
     pub async fn commit_after_predecessor(
         &self,
         principal: &Principal,
@@ -221,7 +209,7 @@ impl Receiver {
         self.commit(principal, transport, ready).await
     }
 
-    /// The first half of [`Receiver::batch`], which needs no store: shape
+    /// The first half of handling a batch, which needs no store: shape
     /// checks and validation of every envelope. A stream that runs it for
     /// the next batch while the previous one commits keeps the store's
     /// writer and the async threads busy at once (see `grpc`).
@@ -252,8 +240,9 @@ impl Receiver {
         }
     }
 
-    /// The second half of [`Receiver::batch`]: stores a prepared batch and
-    /// answers for it. The store applies a gateway's commits in the order
+    /// The second half of handling a batch: stores a prepared batch and
+    /// answers for it; never fails: every outcome is an ack the gateway can
+    /// act on. The store applies a gateway's commits in the order
     /// they are handed over (see `GatewayStore::commit_gateway_batch`), so
     /// one task may start the next batch's commit before this one's answer.
     pub async fn commit(
