@@ -118,12 +118,12 @@ impl ReadyBatch {
         matches!(tail, Some((epoch, last)) if epoch == self.ack.epoch && self.range.0 <= last + 1)
     }
 
-    /// `tail` once this batch is handed over.
-    pub fn extend(&self, tail: Option<Tail>) -> Tail {
-        match tail {
+    /// Moves `tail` past this batch, which is being handed over.
+    pub fn advance(&self, tail: &mut Option<Tail>) {
+        *tail = Some(match *tail {
             Some((epoch, last)) if epoch == self.ack.epoch => (epoch, last.max(self.range.1)),
             _ => (self.ack.epoch, self.range.1),
-        }
+        });
     }
 
     /// Its first sequence.

@@ -453,6 +453,12 @@ async fn quic_sequences_a_scrambled_window_of_batches() {
     let ack = quic_send(&connection, &frame::encode_batch(&again, 1).unwrap()).await;
     assert_eq!((ack.status, ack.acked_sequence), (OK, 400));
     assert_eq!(stored_ids(&cloud).await, ids(1..=400));
+    // A batch naming a gateway that opened no session here goes past the
+    // sequencer, straight to the store, which fences it: nothing stored.
+    let stray = batch("gw-elsewhere", e, (401, 402), &[401, 402]);
+    let ack = quic_send(&connection, &frame::encode_batch(&stray, 1).unwrap()).await;
+    assert_eq!(ack.status, pb::AckStatus::Fenced as i32, "{ack:?}");
+    assert_eq!(stored_ids(&cloud).await, ids(1..=400));
 }
 
 #[tokio::test]

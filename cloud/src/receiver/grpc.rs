@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::in_flight::InFlight;
 use super::tls::TlsMaterial;
-use super::{Prepared, Receiver};
+use super::{Prepared, Receiver, Tail};
 use crate::auth::Principal;
 use crate::error::Error;
 
@@ -84,7 +84,7 @@ impl Ingest for GrpcReceiver {
             // batch did before: its predecessor may be on another stream.
             // Answers go back in stream order.
             let mut in_flight = InFlight::new();
-            let mut tail: Option<(u64, u64)> = None;
+            let mut tail: Option<Tail> = None;
             loop {
                 let next = tokio::select! {
                     biased;
@@ -124,14 +124,14 @@ impl Ingest for GrpcReceiver {
                 match receiver.prepare(batch) {
                     Prepared::Answered(ack) => in_flight.answered(ack, ()),
                     Prepared::Ready(ready) if ready.joins(tail) => {
-                        tail = Some(ready.extend(tail));
+                        ready.advance(&mut tail);
                         in_flight.hand_over(&receiver, &principal, "grpc", ready, ()).await;
                     }
                     Prepared::Ready(ready) => {
                         if !drain(&mut in_flight, &tx).await {
                             return;
                         }
-                        tail = Some(ready.extend(tail));
+                        ready.advance(&mut tail);
                         let ack =
                             receiver.commit_after_predecessor(&principal, "grpc", ready).await;
                         in_flight.answered(ack, ());

@@ -146,6 +146,7 @@ async fn connection(
     let connection = incoming.await?;
     let session = open_session(&connection, &receiver).await?;
     let principal = Arc::new(session.principal.clone());
+    let gateway: Arc<str> = Arc::from(session.gateway.as_str());
     let streams = tokio_util::task::TaskTracker::new();
     let (handovers, to_sequencer) = mpsc::channel(MAX_STREAMS as usize);
     streams.spawn(sequence(Arc::clone(&receiver), session, to_sequencer));
@@ -157,10 +158,20 @@ async fn connection(
                 Err(_) => break,
             },
         };
-        let (receiver, principal, connection, handovers) =
-            (Arc::clone(&receiver), Arc::clone(&principal), connection.clone(), handovers.clone());
+        let (receiver, principal, connection, handovers, gateway) = (
+            Arc::clone(&receiver),
+            Arc::clone(&principal),
+            connection.clone(),
+            handovers.clone(),
+            Arc::clone(&gateway),
+        );
         streams.spawn(async move {
-            let stream = BatchStream { receiver: &receiver, principal: &principal, handovers };
+            let stream = BatchStream {
+                receiver: &receiver,
+                principal: &principal,
+                gateway: &gateway,
+                handovers,
+            };
             if let Err(e) = stream.run(send, recv, &connection).await {
                 tracing::debug!(error = %e, "QUIC batch stream failed");
             }
@@ -177,6 +188,8 @@ async fn connection(
 struct BatchStream<'a> {
     receiver: &'a Arc<Receiver>,
     principal: &'a Principal,
+    /// The gateway whose session the connection opened.
+    gateway: &'a str,
     handovers: mpsc::Sender<Handover>,
 }
 
@@ -216,10 +229,15 @@ impl BatchStream<'_> {
     }
 
     /// Checks a batch and has it committed: by the connection's sequencer
-    /// when it belongs to the connection's session, else as it comes.
+    /// when it is the connection's gateway's, else here, as every batch
+    /// was before (a gateway bug; the store decides, and the sequencer is
+    /// not held up by it).
     async fn answer(&self, batch: pb::Batch) -> pb::Ack {
         let ready = match self.receiver.prepare(batch) {
             Prepared::Answered(ack) => return ack,
+            Prepared::Ready(ready) if ready.gateway() != self.gateway => {
+                return self.receiver.commit_after_predecessor(self.principal, "quic", ready).await;
+            }
             Prepared::Ready(ready) => ready,
         };
         let (answer, answered) = oneshot::channel();
@@ -253,14 +271,12 @@ struct Handover {
 /// `MAX_IN_FLIGHT` ahead of the answers, so that the store's writer can
 /// take several in one transaction; one that arrived early waits here for
 /// them, at most [`GAP_WAIT`], and then goes anyway (the store decides).
-/// A batch of another session than the connection's (a gateway bug) is
-/// committed as it comes, as every batch was before.
 async fn sequence(
     receiver: Arc<Receiver>,
     session: Session,
     mut handovers: mpsc::Receiver<Handover>,
 ) {
-    let Session { principal, gateway, start } = session;
+    let Session { principal, start, .. } = session;
     let mut tail = Some(start);
     let mut in_flight: InFlight<oneshot::Sender<pb::Ack>> = InFlight::new();
     // Batches that arrived before a predecessor, by first sequence, then
@@ -280,12 +296,8 @@ async fn sequence(
                     open = false;
                     continue;
                 };
-                if handover.ready.gateway() != gateway {
-                    let ack = receiver.commit_after_predecessor(&principal, "quic", handover.ready).await;
-                    in_flight.answered(ack, handover.answer);
-                } else if handover.ready.joins(tail) {
-                    tail = Some(handover.ready.extend(tail));
-                    in_flight.hand_over(&receiver, &principal, "quic", handover.ready, handover.answer).await;
+                if handover.ready.joins(tail) {
+                    hand_over(&mut in_flight, &mut tail, &receiver, &principal, handover).await;
                 } else {
                     arrivals += 1;
                     let key = (handover.ready.first(), arrivals);
@@ -296,8 +308,7 @@ async fn sequence(
                 let now = Instant::now();
                 let expired = early.iter().find(|(_, (_, at))| *at <= now).map(|(key, _)| *key);
                 if let Some((handover, _)) = expired.and_then(|key| early.remove(&key)) {
-                    tail = Some(handover.ready.extend(tail));
-                    in_flight.hand_over(&receiver, &principal, "quic", handover.ready, handover.answer).await;
+                    hand_over(&mut in_flight, &mut tail, &receiver, &principal, handover).await;
                 }
             }
         }
@@ -308,10 +319,18 @@ async fn sequence(
                 break;
             }
             let (handover, _) = entry.remove();
-            tail = Some(handover.ready.extend(tail));
-            in_flight
-                .hand_over(&receiver, &principal, "quic", handover.ready, handover.answer)
-                .await;
+            hand_over(&mut in_flight, &mut tail, &receiver, &principal, handover).await;
         }
     }
+}
+
+async fn hand_over(
+    in_flight: &mut InFlight<oneshot::Sender<pb::Ack>>,
+    tail: &mut Option<Tail>,
+    receiver: &Arc<Receiver>,
+    principal: &Principal,
+    Handover { ready, answer }: Handover,
+) {
+    ready.advance(tail);
+    in_flight.hand_over(receiver, principal, "quic", ready, answer).await;
 }
