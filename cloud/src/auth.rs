@@ -116,7 +116,7 @@ pub fn key_hint(key: &str) -> String {
 ///
 /// API-key lookups are cached briefly so that the hot ingest path does not
 /// hit the store per request; revocation through this node clears the cache
-/// at once, and other nodes see it within [`KEY_CACHE_TTL`].
+/// at once, and other nodes see it within `KEY_CACHE_TTL`.
 pub struct Authenticator {
     jwt: Option<jwt::JwtVerifier>,
     cache: Mutex<HashMap<String, (Instant, Option<ApiKeyRecord>)>>,

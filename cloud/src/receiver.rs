@@ -12,7 +12,7 @@
 //!   ack's `error`: one bad reading must not stall a site's delivery), and it
 //!   is committed in one transaction that also advances the ack.
 //! - A batch is handed to the store as soon as its predecessors were, by
-//!   one task per gRPC stream or QUIC connection ([`in_flight`]), so the
+//!   one task per gRPC stream or QUIC connection (`in_flight`), so the
 //!   store's writer can commit several at once. One that arrives before
 //!   the one in front of it (parallel QUIC streams, separate gRPC streams)
 //!   waits briefly for the gap to close instead of failing.
@@ -193,7 +193,7 @@ impl Receiver {
     }
 
     /// [`Receiver::commit`] once the batch's predecessor is acknowledged,
-    /// or after [`GAP_WAIT`]: for a batch whose predecessor the caller did
+    /// or after `GAP_WAIT`: for a batch whose predecessor the caller did
     /// not hand over itself. Batches may arrive in any order (separate
     /// gRPC streams): one that overtook its predecessor waits for it here
     /// instead of being refused by the store as a gap; the store still

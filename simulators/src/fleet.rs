@@ -562,7 +562,7 @@ pub struct FleetArgs {
     /// acknowledgements after the last publish.
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub timeout: Duration,
-    /// Client ids are PREFIX-<device> [default: opgraph-sim-fleet-<seed>].
+    /// Client ids are PREFIX-DEVICE [default: opgraph-sim-fleet-SEED].
     #[arg(long)]
     pub client_prefix: Option<String>,
 }

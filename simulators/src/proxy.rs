@@ -7,8 +7,8 @@
 //!
 //! - [`link`]: the I/O-free model (loss, latency, jitter, reordering,
 //!   bandwidth, partition schedule) and its config.
-//! - [`tcp`]: one task per connection, one pump per direction.
-//! - [`udp`]: one listening socket, one upstream socket per client (a NAT
+//! - `tcp`: one task per connection, one pump per direction.
+//! - `udp`: one listening socket, one upstream socket per client (a NAT
 //!   mapping), a timer queue per direction.
 //! - [`stats`]: what went through.
 //! - [`cli`]: the `opgraph-sim proxy` arguments.

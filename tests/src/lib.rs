@@ -134,7 +134,7 @@ impl Process {
     }
 
     /// [`Self::terminate`], also returning what the child printed on stdout
-    /// after its start (the last [`KEPT_LINES`] lines), e.g. its summary.
+    /// after its start (the last `KEPT_LINES` lines), e.g. its summary.
     /// Waits for stdout to close too, which a grandchild holding it would
     /// delay: bounded like the exit.
     pub async fn stop(mut self) -> Result<(std::process::ExitStatus, Vec<String>)> {

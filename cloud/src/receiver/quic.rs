@@ -6,7 +6,7 @@
 //! packet delays only the batch it belonged to, which is why QUIC keeps its
 //! throughput on a lossy link where one TCP stream stalls. Frames are the
 //! bounded codec of `opgraph_proto::frame`. Streams deliver batches in any
-//! order; one task per connection ([`sequence`]) hands them to the store in
+//! order; one task per connection (`sequence`) hands them to the store in
 //! sequence order.
 
 use std::collections::BTreeMap;

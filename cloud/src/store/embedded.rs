@@ -12,7 +12,7 @@
 //! lets them run beside the writer, and so does a checkpointer thread that
 //! copies committed WAL pages into the database file. The search index is a
 //! database of its own that a third thread keeps up with the events
-//! ([`search`]).
+//! (`search`).
 
 mod connectors;
 mod events;

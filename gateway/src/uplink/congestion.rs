@@ -55,7 +55,7 @@ const MIN_QUEUE_ALLOWANCE: Duration = Duration::from_millis(5);
 
 /// The queueing delay (smoothed round trip above the minimum) from which a
 /// loss counts as congestion: a quarter of the minimum round trip, at
-/// least [`MIN_QUEUE_ALLOWANCE`].
+/// least `MIN_QUEUE_ALLOWANCE`.
 pub fn queue_allowance(min_rtt: Duration) -> Duration {
     (min_rtt / 4).max(MIN_QUEUE_ALLOWANCE)
 }

@@ -1,4 +1,4 @@
-//! `opgraph-sim rfid`: publishes a [`plan`](super::plan) to an MQTT broker
+//! `opgraph-sim rfid`: publishes a [`plan`] to an MQTT broker
 //! with QoS 1, each read stamped with its send time (minus the skew of a
 //! wrong clock), waits until the broker acknowledged every message, then
 //! prints `summary {json}` on stdout: exactly what was sent (counts per
@@ -70,7 +70,7 @@ pub struct RfidArgs {
     /// reader). Each gets --rate divided by the number of connections.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub connections: u32,
-    /// MQTT client id [default: opgraph-sim-rfid-<seed>]; with several
+    /// MQTT client id [default: opgraph-sim-rfid-SEED]; with several
     /// connections, -0, -1, ... is appended.
     #[arg(long)]
     pub client_id: Option<String>,
