@@ -942,6 +942,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_text_stored_before_folding_is_found_by_the_needle_as_given() {
+        // Rows written before 27 November 2026 hold their search text as
+        // written, here with a final sigma the fold turns into sigma.
+        use crate::store::queries::QueryStore as _;
+        let (store, _server) = open().await;
+        let mut row = events::to_row("ws", event("evt_1"));
+        row.search_text = "pallet.scanned λογος".into();
+        store.insert_rows::<events::EventRow>("events", &[row]).await.unwrap();
+        let query = |text: &str| crate::store::queries::SearchQuery {
+            text: text.into(),
+            range: None,
+            event: None,
+            business_id: None,
+            limit: 10,
+        };
+        let found = store.search_events("ws", &query("λογος")).await.unwrap();
+        assert_eq!(found.total, 1);
+        assert_eq!(found.events[0].id, "evt_1");
+        // A row stored now holds the folded text, found either way.
+        let mut new = event("evt_2");
+        new.event.event = "ΛΟΓΟΣ.read".into();
+        let request = AppendRequest { events: vec![new], idempotency_key: None };
+        store.append_events("ws", request).await.unwrap();
+        assert_eq!(store.search_events("ws", &query("λογος")).await.unwrap().total, 2);
+        assert_eq!(store.search_events("ws", &query("ΛΟΓΟΣ")).await.unwrap().total, 1);
+    }
+
+    #[tokio::test]
     async fn opening_twice_keeps_data_and_schema_version() {
         let (store, server) = open().await;
         let request = AppendRequest { events: vec![event("evt_1")], idempotency_key: None };

@@ -454,6 +454,45 @@ pub async fn search(store: &dyn Store) {
     assert_eq!(store.search_events(WS, &query("nothing-like-this")).await.unwrap().total, 0);
 }
 
+/// Search folds case, not just lower case, on every backend: a final
+/// sigma, the micro sign and a long s meet sigma, mu and s.
+pub async fn search_folds_case(store: &dyn Store) {
+    let texts = ["ΛΟΓΟΣ", "5 µm mesh", "Meſſe", "ΜΕΣΗ"];
+    let mut events = to_events(
+        texts
+            .iter()
+            .map(|text| {
+                json!({"event": "label.read", "timestamp": T + 30 * H,
+                "properties": {"text": text}})
+            })
+            .collect(),
+    );
+    for (i, e) in events.iter_mut().enumerate() {
+        e.id = format!("evt_fold{i}");
+    }
+    store.append_events(WS, AppendRequest { events, idempotency_key: None }).await.unwrap();
+    for (needle, text) in [
+        ("λογος", "ΛΟΓΟΣ"),
+        ("λογοσ", "ΛΟΓΟΣ"),
+        ("5 μm", "5 µm mesh"),
+        ("5 µM", "5 µm mesh"),
+        ("MESSE", "Meſſe"),
+        ("μεση", "ΜΕΣΗ"),
+    ] {
+        let query = SearchQuery {
+            text: needle.into(),
+            range: None,
+            event: None,
+            business_id: None,
+            limit: 10,
+        };
+        let found = store.search_events(WS, &query).await.unwrap();
+        let texts: Vec<_> =
+            found.events.iter().map(|e| e.envelope["properties"]["text"].clone()).collect();
+        assert_eq!((texts, found.total), (vec![json!(text)], 1), "{needle}");
+    }
+}
+
 pub async fn runs_and_actors(store: &dyn Store) {
     let q = RunQuery { range: Some(DAY2), limit: 100, ..Default::default() };
     let runs = store.runs(WS, &q).await.unwrap();
@@ -1178,7 +1217,8 @@ macro_rules! store_conformance {
             gateway_batches, gateway_batches_in_flight,
             totals, totals_at_unaligned_edges, series, funnel, attribution_first_touch,
             attribution_last_touch, attribution_linear,
-            attribution_counts_touchpoints_without_conversions, period_diff, search, runs_and_actors,
+            attribution_counts_touchpoints_without_conversions, period_diff, search, search_folds_case,
+            runs_and_actors,
             proof_gaps, metric_definitions_and_snapshots, businesses, entities_and_relationships,
             governance);
     };

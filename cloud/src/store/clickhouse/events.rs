@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
-use crate::store::columns::{number_at, search_text, text_at};
+use crate::store::columns::{fold_case, number_at, search_text, text_at};
 use crate::store::{
     AppendRequest, AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent,
 };
@@ -72,6 +72,16 @@ fn party_columns(party: Option<&Party>) -> (String, String) {
     }
 }
 
+/// Text for `search_text` and needles matched against it, folded where
+/// `positionCaseInsensitiveUTF8` would not: it lowers each character, so a
+/// final sigma, the micro sign or a long s would not meet sigma, mu or s
+/// as they do in the embedded store. It folds ASCII itself, so ASCII text
+/// is kept as written. Rows stored before 27 November 2026 hold their text
+/// unfolded; `search` also asks with the needle as given for them.
+pub(super) fn searchable(text: String) -> String {
+    if text.is_ascii() { text } else { fold_case(&text) }
+}
+
 /// Flattens an event; `seq` is filled in when the row is stored.
 pub fn to_row(ws: &str, new: NewEvent) -> EventRow {
     let NewEvent { id, received_at, event: e } = new;
@@ -80,7 +90,8 @@ pub fn to_row(ws: &str, new: NewEvent) -> EventRow {
     let revenue = number_at(e.outcome.as_ref(), "revenue")
         .or_else(|| number_at(e.attribution.as_ref(), "revenue"));
     let ts = e.timestamp.unwrap_or(received_at);
-    let search_text = search_text(&e, [&*actor_type, &actor_id, &object_type, &object_id]);
+    let search_text =
+        searchable(search_text(&e, [&*actor_type, &actor_id, &object_type, &object_id]));
     let (num_keys, num_values) = e
         .properties
         .iter()

@@ -6,7 +6,7 @@
 use clickhouse::Row;
 use serde::Deserialize;
 
-use super::events::seconds;
+use super::events::{searchable, seconds};
 use super::{ClickHouseStore, Sent, run};
 use crate::error::Error;
 use crate::error::Result;
@@ -156,15 +156,21 @@ pub(super) async fn search(
     q: &SearchQuery,
 ) -> Result<SearchResult> {
     let filter = Filter::new(ws, q.business_id.as_deref(), q.event.as_deref(), q.range);
-    // The text is bound last, after the filter's texts and numbers.
-    let matches = format!("{} AND positionCaseInsensitiveUTF8(search_text, ?) > 0", filter.sql);
+    let folded = searchable(q.text.clone());
+    let needles: Vec<&str> =
+        if folded == q.text { vec![&folded] } else { vec![&folded, q.text.as_str()] };
+    // The needles are bound last, after the filter's texts and numbers.
+    let found_by = vec!["positionCaseInsensitiveUTF8(search_text, ?) > 0"; needles.len()];
+    let matches = format!("{} AND ({})", filter.sql, found_by.join(" OR "));
     let list_sql = format!(
         "SELECT id, received_at, envelope FROM events WHERE {matches}
          ORDER BY ts DESC, seq DESC LIMIT {}",
         u64::try_from(q.limit).unwrap_or(u64::MAX)
     );
+    let bind_needles =
+        |query: clickhouse::query::Query| needles.iter().fold(query, |query, n| query.bind(*n));
     let found: Vec<FoundRead> =
-        run(filter.query(store, &list_sql).bind(q.text.as_str()).sent().fetch_all()).await?;
+        run(bind_needles(filter.query(store, &list_sql)).sent().fetch_all()).await?;
     let events = found
         .into_iter()
         .map(|r| {
@@ -176,8 +182,7 @@ pub(super) async fn search(
         "SELECT count() FROM (SELECT 1 FROM events WHERE {matches} LIMIT {})",
         SEARCH_COUNT_CAP + 1
     );
-    let total: u64 =
-        run(filter.query(store, &count_sql).bind(q.text.as_str()).sent().fetch_one()).await?;
+    let total: u64 = run(bind_needles(filter.query(store, &count_sql)).sent().fetch_one()).await?;
     Ok(SearchResult {
         events,
         total: total.min(SEARCH_COUNT_CAP),

@@ -45,7 +45,7 @@ use tokio::sync::watch;
 
 use super::{FTS_AUTOMERGE, MMAP_SIZE, READ_CACHE_KIB, open_reader, sql};
 use crate::error::{Error, Result};
-use crate::store::columns::search_text_of;
+use crate::store::columns::{fold_case, search_text_of};
 
 /// The index's file, in the store's data directory.
 pub(super) const SEARCH_FILE: &str = "search.db";
@@ -439,7 +439,7 @@ impl Needle {
             .collect();
         terms.sort_unstable();
         terms.dedup();
-        Some(Needle { expression: terms.join(" AND "), folded: fold(text) })
+        Some(Needle { expression: terms.join(" AND "), folded: fold_case(text) })
     }
 
     /// The FTS5 query for the index's candidates.
@@ -450,7 +450,7 @@ impl Needle {
     /// Whether an event's searchable text ([`body`]) holds the needle: what
     /// a phrase query over trigram positions answered.
     pub(super) fn found_in(&self, text: &str) -> bool {
-        fold(text).contains(&self.folded)
+        fold_case(text).contains(&self.folded)
     }
 }
 
@@ -463,30 +463,6 @@ pub(super) fn entries_covering(conn: &Connection, text: &str) -> rusqlite::Resul
     conn.query_row("SELECT count(*) FROM search.events_fts(?1)", [needle.expression()], |r| {
         r.get(0)
     })
-}
-
-/// Case folded at least as far as the trigram tokenizer folds it, so that
-/// no candidate the index finds fails the check for want of a fold. The
-/// tokenizer folds case (final sigma to sigma, the micro sign to mu, long s
-/// to s), not just lower case: a character whose upper case lowers to one
-/// character becomes that, else one with a lower case of one character
-/// becomes that. Checked against SQLite for every cased character of
-/// Unicode; the tokenizer's tables are older, so some newer capitals it
-/// leaves alone are folded here, which can only let through what its index
-/// already found.
-fn fold(text: &str) -> String {
-    fn one(mut chars: impl Iterator<Item = char>) -> Option<char> {
-        match (chars.next(), chars.next()) {
-            (Some(c), None) => Some(c),
-            _ => None,
-        }
-    }
-    text.chars()
-        .map(|c| {
-            let upper_lower = one(c.to_uppercase()).and_then(|u| one(u.to_lowercase()));
-            upper_lower.or_else(|| one(c.to_lowercase())).unwrap_or(c)
-        })
-        .collect()
 }
 
 /// The searchable text of events the writer has just inserted, handed to
