@@ -108,9 +108,11 @@ async fn serve(router: Router, state: Option<AppState>) -> Server {
 }
 
 /// The real cloud on the embedded store in `dir`: rate limiting off, the
-/// bench key as bootstrap key, the store's default group commit.
+/// bench key as bootstrap key, the rest as the cloud's environment sets it
+/// (defaults, or e.g. `OPGRAPH_WRITER_CACHE` to compare store settings).
 pub async fn start_cloud(dir: &Path) -> Server {
-    let mut config = Config::default();
+    let mut config =
+        Config::load(None, |name| std::env::var(name).ok()).expect("the cloud's environment");
     config.store.data_dir = dir.to_path_buf();
     config.auth.bootstrap_key = Some(BENCH_KEY.to_owned());
     config.rate_limit.requests_per_second = 0;

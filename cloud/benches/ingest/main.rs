@@ -18,7 +18,9 @@
 //! `--client-threads=N` / `OPGRAPH_BENCH_CLIENT_THREADS` (2),
 //! `--dir=PATH` / `OPGRAPH_BENCH_DIR` where data directories go (system
 //! temp dir; must be a real disk, not tmpfs, or fsync costs nothing),
-//! `--only=single|batch` / `OPGRAPH_BENCH_ONLY`.
+//! `--only=single|batch` / `OPGRAPH_BENCH_ONLY`. The cloud under test reads
+//! its own settings from the environment as the binary does
+//! (`OPGRAPH_WRITER_CACHE=32MiB`, ...).
 //! Design notes and recorded numbers: BENCHMARKS.md.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
