@@ -950,13 +950,7 @@ mod tests {
         let mut row = events::to_row("ws", event("evt_1"));
         row.search_text = "pallet.scanned λογος".into();
         store.insert_rows::<events::EventRow>("events", &[row]).await.unwrap();
-        let query = |text: &str| crate::store::queries::SearchQuery {
-            text: text.into(),
-            range: None,
-            event: None,
-            business_id: None,
-            limit: 10,
-        };
+        let query = crate::store::conformance::search_query;
         let found = store.search_events("ws", &query("λογος")).await.unwrap();
         assert_eq!(found.total, 1);
         assert_eq!(found.events[0].id, "evt_1");

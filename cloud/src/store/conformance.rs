@@ -415,14 +415,13 @@ pub async fn period_diff(store: &dyn Store) {
     );
 }
 
+/// A search for `text` with no filter, 100 results at most.
+pub fn search_query(text: &str) -> SearchQuery {
+    SearchQuery { text: text.into(), range: None, event: None, business_id: None, limit: 100 }
+}
+
 pub async fn search(store: &dyn Store) {
-    let query = |text: &str| SearchQuery {
-        text: text.into(),
-        range: None,
-        event: None,
-        business_id: None,
-        limit: 100,
-    };
+    let query = search_query;
     let names = |r: &super::queries::SearchResult| {
         r.events
             .iter()
@@ -479,14 +478,7 @@ pub async fn search_folds_case(store: &dyn Store) {
         ("MESSE", "Meſſe"),
         ("μεση", "ΜΕΣΗ"),
     ] {
-        let query = SearchQuery {
-            text: needle.into(),
-            range: None,
-            event: None,
-            business_id: None,
-            limit: 10,
-        };
-        let found = store.search_events(WS, &query).await.unwrap();
+        let found = store.search_events(WS, &search_query(needle)).await.unwrap();
         let texts: Vec<_> =
             found.events.iter().map(|e| e.envelope["properties"]["text"].clone()).collect();
         assert_eq!((texts, found.total), (vec![json!(text)], 1), "{needle}");
