@@ -19,6 +19,7 @@ mod events;
 mod gateway;
 mod governance;
 mod journeys;
+mod page_cache;
 mod queries;
 mod search;
 mod trackables;
@@ -311,6 +312,8 @@ pub fn open_writer_connection(dir: &Path) -> Result<WriterConnection> {
 /// [`open_writer_connection`] with a page cache of `cache` bytes, for a
 /// directory the caller has created and locked.
 fn open_writer(dir: &Path, cache: u64) -> Result<Connection> {
+    // Every store's first connection is its writer.
+    page_cache::install();
     let path = dir.join(DB_FILE);
     let conn = Connection::open(&path)
         .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;
@@ -1468,6 +1471,34 @@ mod writer_settings {
         assert!(store.is_err(), "a store opened beside a tool's writer connection");
         drop(tool);
         EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("free again");
+    }
+
+    /// A fresh store is far below 1 GiB, where SQLite's default page cache
+    /// would scan itself at each commit that split a page (`page_cache`).
+    #[test]
+    fn commits_below_one_gibibyte_skip_the_scan_and_leave_the_store_whole() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let conn = super::open_writer_connection(dir.path()).expect("open");
+        conn.execute_batch("CREATE TABLE t (k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID")
+            .expect("table");
+        let before = super::page_cache::spared();
+        let mut stmt = conn.prepare("INSERT INTO t VALUES (?1, zeroblob(300))").expect("insert");
+        let key = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_be_bytes();
+        for round in 0..40u64 {
+            conn.execute_batch("BEGIN").expect("begin");
+            for i in 0..500 {
+                stmt.execute([key(round * 500 + i)]).expect("row");
+            }
+            // Every fourth transaction grows the file and is rolled back:
+            // the pages it added must leave the cache.
+            conn.execute_batch(if round % 4 == 3 { "ROLLBACK" } else { "COMMIT" }).expect("end");
+        }
+        assert!(super::page_cache::spared() > before, "no commit was spared the scan");
+        let check: String =
+            conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity check");
+        assert_eq!(check, "ok");
+        let rows: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).expect("count");
+        assert_eq!(rows, 30 * 500);
     }
 
     #[tokio::test]
