@@ -22,6 +22,7 @@ mod journeys;
 mod page_cache;
 mod queries;
 mod search;
+mod sqlite_config;
 mod trackables;
 
 use std::path::{Path, PathBuf};
@@ -313,7 +314,7 @@ pub fn open_writer_connection(dir: &Path) -> Result<WriterConnection> {
 /// directory the caller has created and locked.
 fn open_writer(dir: &Path, cache: u64) -> Result<Connection> {
     // Every store's first connection is its writer.
-    page_cache::install();
+    sqlite_config::install();
     let path = dir.join(DB_FILE);
     let conn = Connection::open(&path)
         .map_err(|e| Error::internal(format!("open {}: {e}", path.display())))?;

@@ -18,10 +18,8 @@
 //! changes: same pages, same memory, same eviction. The cost is a few
 //! comparisons per page fetch.
 //!
-//! SQLite takes a page cache only before it is first initialised, which
-//! happens at the first connection a process opens; [`install`] runs first
-//! on every path that opens the store. If something else opened a
-//! connection earlier, the default cache stays and only the scans remain.
+//! SQLite takes a page cache only before it initialises; `sqlite_config`
+//! installs this one with the rest of SQLite's process-wide settings.
 #![allow(unsafe_code)]
 
 #[cfg(test)]
@@ -116,7 +114,6 @@ impl Methods {
 }
 
 static DEFAULT: OnceLock<Methods> = OnceLock::new();
-static INSTALLED: OnceLock<bool> = OnceLock::new();
 
 #[cfg(test)]
 thread_local! {
@@ -134,23 +131,16 @@ struct Cache {
     extent: Extent,
 }
 
-/// Puts the wrapper in place of SQLite's default page cache, once per
-/// process. Answers whether it is in place.
-pub(super) fn install() -> bool {
-    *INSTALLED.get_or_init(|| {
-        let installed = try_install();
-        if !installed {
-            tracing::info!("SQLite was initialised before the store: its default page cache stays");
-        }
-        installed
-    })
-}
-
-fn try_install() -> bool {
-    // SAFETY: both calls only copy a methods table (out, then in); SQLite
-    // refuses them with SQLITE_MISUSE once it is initialised, and rusqlite
-    // initialises it at the first connection, which `install` precedes on
-    // the store's paths.
+/// Puts the wrapper in place of SQLite's default page cache; false when
+/// SQLite refused (it is initialised already).
+///
+/// # Safety
+///
+/// SQLite must not be initialised yet, nor be initialising on another
+/// thread.
+pub(super) unsafe fn install() -> bool {
+    // SAFETY: both calls only copy a methods table (out, then in), which
+    // SQLite allows before it initialises.
     unsafe {
         let mut default: ffi::sqlite3_pcache_methods2 = std::mem::zeroed();
         if ffi::sqlite3_config(ffi::SQLITE_CONFIG_GETPCACHE2, &raw mut default) != ffi::SQLITE_OK {
@@ -316,7 +306,10 @@ mod tests {
     /// whatever it skips, the default cache must hold nothing to drop.
     #[test]
     fn the_wrapper_drops_what_the_default_cache_would_and_skips_the_rest() {
-        assert!(install(), "every path that opens the store installs the cache first");
+        assert!(
+            crate::store::embedded::sqlite_config::install(),
+            "every path that opens the store installs the cache first"
+        );
         // SQLite initialises the caches' shared state at its first connection.
         rusqlite::Connection::open_in_memory().expect("open an in-memory database");
         // SAFETY: the calls follow the page cache interface: pages are
