@@ -38,6 +38,11 @@ use opgraph_cloud::config::Config;
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 
+// The cloud binary's allocator (cloud/src/main.rs), so that the cloud
+// measured here allocates as the one deployed does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const KEY: &str = "og_benchenforce000000000000000000000";
 const GOAL: f64 = 0.5;
 

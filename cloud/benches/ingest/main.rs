@@ -37,6 +37,11 @@ use tokio::runtime::Runtime;
 use fixtures::{BENCH_KEY, Server};
 use load::Target;
 
+// The cloud binary's allocator (cloud/src/main.rs), so that the cloud
+// measured here allocates as the one deployed does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH_SIZE: usize = 1000;
 const GOAL_SINGLE: f64 = 0.6;
 const GOAL_BATCH: f64 = 0.7;
