@@ -33,7 +33,7 @@ pub(super) fn install() -> bool {
         // after it has.
         let installed = unsafe { try_install() };
         if !installed {
-            tracing::info!("SQLite was initialised before the store: it keeps its defaults");
+            tracing::warn!("SQLite was initialised before the store: its slower defaults stay");
         }
         installed
     })
