@@ -242,8 +242,8 @@ fn main() {
         let body = fixtures::body_maker(BATCH_SIZE);
         println!();
         println!(
-            "(b) batch ingest ({BATCH_SIZE} events/request, {} connections, synchronous=FULL) \
-             vs raw engine insert (1 transaction per {BATCH_SIZE} rows)",
+            "(b) batch ingest ({BATCH_SIZE} events/request, {} connections, durable commits) \
+             vs raw engine insert (1 transaction per {BATCH_SIZE} rows, synchronous=FULL)",
             options.batch_connections
         );
         println!("    request body {} KiB", body().len() / 1024);

@@ -2,9 +2,10 @@
 //!
 //! Writes go to one writer thread that groups whatever is queued into one
 //! transaction (group commit): each caller gets its answer only after the
-//! commit, and with `synchronous = FULL` a commit is on disk, so an
-//! acknowledged ingest survives `kill -9` and power loss alike, while many
-//! concurrent requests share one fsync. Each request runs in its own
+//! commit is on disk, which a thread of its own ensures by syncing the
+//! write-ahead log while the writer goes on with the next group
+//! (`wal_sync`), so an acknowledged ingest survives `kill -9` and power loss
+//! alike, while many concurrent requests share one fsync. Each request runs in its own
 //! savepoint, so one failing request never takes its neighbours down and
 //! never leaves half of itself behind.
 //!
@@ -24,6 +25,7 @@ mod queries;
 mod search;
 mod sqlite_config;
 mod trackables;
+mod wal_sync;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
@@ -73,6 +75,9 @@ pub struct EmbeddedStore {
     queue: Arc<Semaphore>,
     readers: Arc<Mutex<Vec<Connection>>>,
     search: search::SearchIndex,
+    /// The sync thread's gate ([`wal_sync::WalSync::gate`]).
+    #[cfg(test)]
+    sync_gate: Arc<Mutex<()>>,
     /// Held, never read: the data directory is this process's ([`create_and_lock_dir`]).
     _dir_lock: Option<std::fs::File>,
 }
@@ -143,14 +148,21 @@ impl EmbeddedStore {
             .spawn(move || checkpointer(checkpoints, nudges))
             .map_err(Error::internal)?;
         let (search, index_nudge) = search::SearchIndex::start(&path, options.search_wait)?;
+        // Commits write the log without syncing it; the sync thread syncs
+        // it before anyone is answered ([`wal_sync`]).
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(Error::internal)?;
+        let wal_path = dir.join(format!("{DB_FILE}-wal"));
+        let sync = wal_sync::WalSync::start(&wal_path, index_nudge)?;
+        #[cfg(test)]
+        let sync_gate = Arc::clone(&sync.gate);
         let (tx, rx) = mpsc::channel::<Command>();
         let writer = Writer {
             conn,
             window: group_commit_window,
             checkpoint: nudge,
-            search: index_nudge,
+            sync,
             wal: WalBound {
-                path: dir.join(format!("{DB_FILE}-wal")),
+                path: wal_path,
                 limit: options.wal_limit,
                 failing: std::cell::Cell::new(false),
             },
@@ -165,6 +177,8 @@ impl EmbeddedStore {
             queue: Arc::new(Semaphore::new(QUEUE_LIMIT)),
             readers: Arc::new(Mutex::new(Vec::new())),
             search,
+            #[cfg(test)]
+            sync_gate,
             _dir_lock: dir_lock,
         })
     }
@@ -294,9 +308,10 @@ impl std::ops::Deref for WriterConnection {
 }
 
 /// Opens a writer connection on the store in `dir` as the store's writer
-/// thread does (WAL, `synchronous = FULL`, schema applied), without the
-/// thread, and with SQLite's automatic checkpoints, which the store moves to
-/// its checkpointer thread. For tools and the ingest benchmark's raw-engine
+/// thread does (WAL, schema applied), without the thread, with
+/// `synchronous = FULL` where the store has a thread sync its commits
+/// (`wal_sync`), and with SQLite's automatic checkpoints, which the store
+/// moves to its checkpointer thread. For tools and the ingest benchmark's raw-engine
 /// baseline. It takes the directory's lock as a store does, so it is refused
 /// beside a running cloud (whose writer it would fight) and a cloud is
 /// refused beside it. Its page cache is [`DEFAULT_WRITER_CACHE`], as the
@@ -388,8 +403,9 @@ fn configure_writer(conn: &Connection, cache: u64) -> rusqlite::Result<()> {
     // about 20 µs each that way, on the single writer thread.
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    // FULL: the WAL is fsynced at each commit, so a committed (acknowledged)
-    // write survives power loss, not only a process crash.
+    // FULL: the WAL is fsynced at each commit, so a committed write
+    // survives power loss, not only a process crash. The store's writer
+    // changes this to NORMAL and syncs on a thread of its own (`wal_sync`).
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "busy_timeout", 5000)?;
     // A negative cache_size is in KiB.
@@ -549,8 +565,9 @@ struct Writer {
     window: Duration,
     /// Nudges the checkpointer after each commit.
     checkpoint: mpsc::SyncSender<()>,
-    /// Nudges the search indexer after each commit.
-    search: search::Nudge,
+    /// Answers each group once its commit is on disk, and then nudges the
+    /// search indexer.
+    sync: wal_sync::WalSync,
     wal: WalBound,
 }
 
@@ -605,7 +622,9 @@ impl Writer {
                 optimized = std::time::Instant::now();
             }
             if let Some(done) = closing {
-                if let Err(e) = self.conn.pragma_update(None, "wal_checkpoint", "TRUNCATE") {
+                let Writer { conn, sync, .. } = self;
+                sync.stop();
+                if let Err(e) = conn.pragma_update(None, "wal_checkpoint", "TRUNCATE") {
                     tracing::warn!(error = %e, "checkpoint on close failed");
                 }
                 let _ = done.send(());
@@ -650,11 +669,8 @@ impl Writer {
         }
         // Full means a nudge is already pending.
         let _ = self.checkpoint.try_send(());
-        self.search.committed();
-        for reply in replies {
-            reply(committed.as_ref().map_err(classify_ref).copied());
-        }
-        // After the replies: only the next group waits for it.
+        self.sync.answer(replies, &committed);
+        // After handing the replies on: only the next group waits for it.
         self.bound_wal();
     }
 
@@ -1386,6 +1402,74 @@ mod search_index {
 #[cfg(test)]
 mod writer_settings {
     use super::{EmbeddedOptions, EmbeddedStore, Error};
+
+    /// The writer commits without syncing the log (`wal_sync`): an answer
+    /// must still wait for the sync, not only for the commit.
+    #[tokio::test]
+    async fn a_write_is_answered_only_once_the_log_is_synced() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = std::sync::Arc::new(
+            EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open"),
+        );
+        let mode = store
+            .write(|conn| {
+                conn.query_row("PRAGMA synchronous", [], |r| r.get::<_, i64>(0))
+                    .map_err(Error::internal)
+            })
+            .await
+            .expect("the writer's synchronous mode");
+        assert_eq!(mode, 1, "NORMAL: the commit itself does not sync");
+        // The sync thread stops at its gate, held by a thread of its own
+        // so that no lock is held across an await here.
+        let gate = std::sync::Arc::clone(&store.sync_gate);
+        let (locked, is_locked) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _held = gate.lock();
+            let _ = locked.send(());
+            let _ = released.recv();
+        });
+        is_locked.recv().expect("gate held");
+        let mut writing = tokio::spawn({
+            let store = std::sync::Arc::clone(&store);
+            async move {
+                store
+                    .write(|conn| {
+                        conn.execute_batch(
+                            "INSERT INTO schema_version (version, applied_at) VALUES (-7, 0)",
+                        )
+                        .map_err(Error::internal)
+                    })
+                    .await
+            }
+        });
+        let committed = || async {
+            store
+                .read(|conn| {
+                    conn.query_row(
+                        "SELECT count(*) FROM schema_version WHERE version = -7",
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .map_err(Error::internal)
+                })
+                .await
+                .expect("read")
+                == 1
+        };
+        let mut polls = 0;
+        while !committed().await {
+            polls += 1;
+            assert!(polls < 1000, "the write was never committed");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // Committed and visible, but not synced: no answer yet.
+        let early = tokio::time::timeout(std::time::Duration::from_millis(200), &mut writing).await;
+        assert!(early.is_err(), "answered before the log was synced: {early:?}");
+        release.send(()).expect("release the gate");
+        writing.await.expect("write task").expect("answered once synced");
+        holder.join().expect("gate holder");
+    }
 
     /// The writer connection's `cache_size` (negative: KiB) and `mmap_size`.
     async fn writer_pragmas(options: EmbeddedOptions) -> (i64, i64) {
