@@ -5,9 +5,10 @@
 //! commit is on disk, which a thread of its own ensures by syncing the
 //! write-ahead log while the writer goes on with the next group
 //! (`wal_sync`), so an acknowledged ingest survives `kill -9` and power loss
-//! alike, while many concurrent requests share one fsync. Each request runs in its own
-//! savepoint, so one failing request never takes its neighbours down and
-//! never leaves half of itself behind.
+//! alike, while many concurrent requests share one fsync. Each request runs
+//! in its own savepoint (the first of a group in the transaction alone,
+//! which is rolled back and begun again if it fails), so one failing request
+//! never takes its neighbours down and never leaves half of itself behind.
 //!
 //! Reads use a small pool of read-only connections on blocking threads; WAL
 //! lets them run beside the writer, and so does a checkpointer thread that
@@ -633,8 +634,8 @@ impl Writer {
         }
     }
 
-    /// One transaction for the whole group, one savepoint per job; the
-    /// actor bounds the jobs queued are written once, at the end
+    /// One transaction for the whole group, one savepoint per job after
+    /// the first; the actor bounds the jobs queued are written once, at the end
     /// ([`events::flush_pending`]).
     fn group(&self, jobs: Vec<Job>) {
         let conn = &self.conn;
@@ -647,6 +648,30 @@ impl Writer {
             return;
         }
         let mut replies = Vec::with_capacity(jobs.len());
+        let mut jobs = jobs.into_iter();
+        // The first job runs without a savepoint: when it fails, rolling
+        // the transaction back undoes it and nothing else. A savepoint
+        // makes SQLite copy every page the job changes into a statement
+        // journal first, which for a group of one (a gateway's batch of
+        // thousands of events) is a copy of every page the batch touches.
+        if let Some(job) = jobs.next() {
+            let (ok, reply) = job(Some(conn));
+            replies.push(reply);
+            if !ok {
+                let again = conn
+                    .execute_batch("ROLLBACK")
+                    .and_then(|()| conn.execute_batch("BEGIN IMMEDIATE"));
+                if let Err(e) = again {
+                    tracing::error!(error = %e, "store transaction could not begin again");
+                    // Every answer is an error already; nothing to sync.
+                    replies.extend(jobs.map(|job| job(None).1));
+                    for reply in replies {
+                        reply(Ok(()));
+                    }
+                    return;
+                }
+            }
+        }
         for job in jobs {
             if let Err(e) = run_cached(conn, "SAVEPOINT job") {
                 tracing::error!(error = %e, "savepoint failed");
@@ -1396,6 +1421,89 @@ mod search_index {
         assert_eq!(indexed(&store, "crate").await, 1, "not indexed, and not lost:");
         let filter = crate::store::EventFilter { limit: 10, ..Default::default() };
         assert_eq!(store.list_events("ws", &filter).await.unwrap().len(), 2);
+    }
+}
+
+#[cfg(test)]
+mod writer_groups {
+    use std::sync::Arc;
+
+    use super::{EmbeddedStore, Error, temp_store};
+    use crate::error::Result;
+
+    fn insert(conn: &rusqlite::Connection, value: &str) -> Result<()> {
+        conn.execute("INSERT INTO probe (v) VALUES (?1)", [value])
+            .map(drop)
+            .map_err(Error::internal)
+    }
+
+    /// Writes `value`, then fails: none of it may stay.
+    async fn fail_after_writing(store: &EmbeddedStore, value: &'static str) -> Result<()> {
+        store
+            .write(move |conn| {
+                insert(conn, value)?;
+                Err(Error::validation("probe", "refused after writing"))
+            })
+            .await
+    }
+
+    /// The first job of a group runs without a savepoint and the rest in
+    /// one each: a failing job leaves nothing behind in either place, and
+    /// its neighbours are committed.
+    #[tokio::test]
+    async fn a_failing_job_takes_back_its_own_writes_first_in_its_group_or_not() {
+        let (store, _dir) = temp_store();
+        let store = Arc::new(store);
+        store
+            .write(|conn| {
+                conn.execute_batch("CREATE TABLE probe (v TEXT)").map_err(Error::internal)
+            })
+            .await
+            .expect("table");
+        // Alone in its group, so first.
+        assert!(fail_after_writing(&store, "alone").await.is_err());
+        // A job holds the writer, its group already formed, while the next
+        // group queues behind it: failing, fine, failing, fine. `join!`
+        // polls them, so queues them, in that order before the release.
+        let (started, is_started) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .write(move |conn| {
+                        let _ = started.send(());
+                        let _ = released.recv();
+                        insert(conn, "held")
+                    })
+                    .await
+            }
+        });
+        is_started.await.expect("the writer runs the holding job");
+        let fine = |value: &'static str| store.write(move |conn| insert(conn, value));
+        let (first, second, third, fourth, ()) = tokio::join!(
+            fail_after_writing(&store, "first"),
+            fine("second"),
+            fail_after_writing(&store, "third"),
+            fine("fourth"),
+            async { release.send(()).expect("release the writer") },
+        );
+        held.await.expect("holding task").expect("held job");
+        assert!(first.is_err() && third.is_err(), "{first:?} {third:?}");
+        second.expect("second");
+        fourth.expect("fourth");
+        // The writer carries on after a first job's rollback.
+        store.write(|conn| insert(conn, "after")).await.expect("after");
+        let stored: Vec<String> = store
+            .read(|conn| {
+                let mut stmt =
+                    conn.prepare("SELECT v FROM probe ORDER BY v").map_err(Error::internal)?;
+                let rows = stmt.query_map([], |r| r.get(0)).map_err(Error::internal)?;
+                rows.collect::<rusqlite::Result<_>>().map_err(Error::internal)
+            })
+            .await
+            .expect("read back");
+        assert_eq!(stored, ["after", "fourth", "held", "second"]);
     }
 }
 
