@@ -656,27 +656,42 @@ impl Writer {
         // thousands of events) is a copy of every page the batch touches.
         if let Some(job) = jobs.next() {
             let (ok, reply) = job(Some(conn));
-            replies.push(reply);
-            if !ok {
-                let again = conn
-                    .execute_batch("ROLLBACK")
-                    .and_then(|()| conn.execute_batch("BEGIN IMMEDIATE"));
-                if let Err(e) = again {
+            let ended = conn.is_autocommit();
+            if ended {
+                tracing::error!("SQLite rolled the transaction back; the request is refused");
+                reply(Err(Error::Unavailable { retry_after_secs: 5 }));
+            } else if ok {
+                replies.push(reply);
+            } else {
+                // Its answer is its own error, whatever happens next.
+                reply(Ok(()));
+            }
+            if ended || !ok {
+                let rolled_back = if ended { Ok(()) } else { conn.execute_batch("ROLLBACK") };
+                if let Err(e) = rolled_back.and_then(|()| conn.execute_batch("BEGIN IMMEDIATE")) {
                     tracing::error!(error = %e, "store transaction could not begin again");
-                    // Every answer is an error already; nothing to sync.
-                    replies.extend(jobs.map(|job| job(None).1));
-                    for reply in replies {
-                        reply(Ok(()));
-                    }
+                    refuse(replies, jobs);
                     return;
                 }
             }
         }
-        for job in jobs {
+        while let Some(job) = jobs.next() {
             if let Err(e) = run_cached(conn, "SAVEPOINT job") {
                 tracing::error!(error = %e, "savepoint failed");
             }
             let (ok, reply) = job(Some(conn));
+            replies.push(reply);
+            if conn.is_autocommit() {
+                // SQLite ends the whole transaction itself on a full disk or
+                // an I/O error: the jobs before this one are undone too, and
+                // the rest must not run outside a transaction, where each
+                // would be stored while the group's failed commit said not.
+                tracing::error!(
+                    "SQLite rolled the group's transaction back; its requests are refused"
+                );
+                refuse(replies, jobs);
+                return;
+            }
             let ended = if ok {
                 run_cached(conn, "RELEASE job")
             } else {
@@ -685,7 +700,6 @@ impl Writer {
             if let Err(e) = ended {
                 tracing::error!(error = %e, "savepoint end failed");
             }
-            replies.push(reply);
         }
         let committed = events::flush_pending(conn).and_then(|()| conn.execute_batch("COMMIT"));
         if let Err(e) = &committed {
@@ -733,6 +747,14 @@ impl Writer {
                 }
             }
         }
+    }
+}
+
+/// Answers the jobs of a group that stored nothing, those run (`replies`)
+/// and those not (`rest`), with an error that invites a retry.
+fn refuse(replies: Vec<Reply>, rest: impl Iterator<Item = Job>) {
+    for reply in replies.into_iter().chain(rest.map(|job| job(None).1)) {
+        reply(Err(Error::Unavailable { retry_after_secs: 5 }));
     }
 }
 
@@ -1437,6 +1459,43 @@ mod writer_groups {
             .map_err(Error::internal)
     }
 
+    /// Starts a job that stores "held" once `release` is sent, and returns
+    /// once the writer runs it, so that what is written next forms a group
+    /// of its own behind it.
+    async fn hold(
+        store: &Arc<EmbeddedStore>,
+    ) -> (tokio::task::JoinHandle<Result<()>>, std::sync::mpsc::Sender<()>) {
+        let (started, is_started) = tokio::sync::oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = tokio::spawn({
+            let store = Arc::clone(store);
+            async move {
+                store
+                    .write(move |conn| {
+                        let _ = started.send(());
+                        let _ = released.recv();
+                        insert(conn, "held")
+                    })
+                    .await
+            }
+        });
+        is_started.await.expect("the writer runs the holding job");
+        (held, release)
+    }
+
+    /// The values in `probe`, sorted.
+    async fn stored(store: &EmbeddedStore) -> Vec<String> {
+        store
+            .read(|conn| {
+                let mut stmt =
+                    conn.prepare("SELECT v FROM probe ORDER BY v").map_err(Error::internal)?;
+                let rows = stmt.query_map([], |r| r.get(0)).map_err(Error::internal)?;
+                rows.collect::<rusqlite::Result<_>>().map_err(Error::internal)
+            })
+            .await
+            .expect("read back")
+    }
+
     /// Writes `value`, then fails: none of it may stay.
     async fn fail_after_writing(store: &EmbeddedStore, value: &'static str) -> Result<()> {
         store
@@ -1465,21 +1524,7 @@ mod writer_groups {
         // A job holds the writer, its group already formed, while the next
         // group queues behind it: failing, fine, failing, fine. `join!`
         // polls them, so queues them, in that order before the release.
-        let (started, is_started) = tokio::sync::oneshot::channel();
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let held = tokio::spawn({
-            let store = Arc::clone(&store);
-            async move {
-                store
-                    .write(move |conn| {
-                        let _ = started.send(());
-                        let _ = released.recv();
-                        insert(conn, "held")
-                    })
-                    .await
-            }
-        });
-        is_started.await.expect("the writer runs the holding job");
+        let (held, release) = hold(&store).await;
         let fine = |value: &'static str| store.write(move |conn| insert(conn, value));
         let (first, second, third, fourth, ()) = tokio::join!(
             fail_after_writing(&store, "first"),
@@ -1494,16 +1539,68 @@ mod writer_groups {
         fourth.expect("fourth");
         // The writer carries on after a first job's rollback.
         store.write(|conn| insert(conn, "after")).await.expect("after");
-        let stored: Vec<String> = store
-            .read(|conn| {
-                let mut stmt =
-                    conn.prepare("SELECT v FROM probe ORDER BY v").map_err(Error::internal)?;
-                let rows = stmt.query_map([], |r| r.get(0)).map_err(Error::internal)?;
-                rows.collect::<rusqlite::Result<_>>().map_err(Error::internal)
+        assert_eq!(stored(&store).await, ["after", "fourth", "held", "second"]);
+    }
+
+    /// On a full database (or an I/O error) SQLite rolls the whole
+    /// transaction back itself, not only the failing statement: every
+    /// answer must then match what is stored, and the writer go on.
+    #[tokio::test]
+    async fn a_transaction_sqlite_ends_itself_is_answered_as_it_was_stored() {
+        let (store, _dir) = temp_store();
+        let store = Arc::new(store);
+        store
+            .write(|conn| {
+                conn.execute_batch("CREATE TABLE probe (v TEXT)").map_err(Error::internal)?;
+                // Full: the database may not grow past its size now.
+                let pages: i64 = conn
+                    .query_row("PRAGMA page_count", [], |r| r.get(0))
+                    .map_err(Error::internal)?;
+                conn.execute_batch(&format!("PRAGMA max_page_count = {pages}"))
+                    .map_err(Error::internal)
             })
             .await
-            .expect("read back");
-        assert_eq!(stored, ["after", "fourth", "held", "second"]);
+            .expect("a full database");
+        let big = |value: &'static str| {
+            store.write(move |conn| {
+                conn.execute("INSERT INTO probe (v) VALUES (?1 || zeroblob(100000))", [value])
+                    .map(drop)
+                    .map_err(Error::internal)
+            })
+        };
+        let fine = |value: &'static str| store.write(move |conn| insert(conn, value));
+        // Too big first in its group, then one that fits.
+        let (held, release) = hold(&store).await;
+        let (first, fits, ()) = tokio::join!(big("big-first"), fine("fits"), async {
+            release.send(()).expect("release")
+        });
+        held.await.expect("holding task").expect("held job");
+        assert!(first.is_err());
+        fits.expect("a job after a first one that SQLite rolled back");
+        // Fine, too big, fine: the first is undone with the transaction.
+        let (held, release) = hold(&store).await;
+        let (before, too_big, after, ()) =
+            tokio::join!(fine("before"), big("big"), fine("after"), async {
+                release.send(()).expect("release")
+            });
+        held.await.expect("holding task").expect("held job");
+        assert!(too_big.is_err());
+        let kept = stored(&store).await;
+        for (value, answer) in [("before", &before), ("after", &after)] {
+            assert_eq!(
+                answer.is_ok(),
+                kept.iter().any(|v| v == value),
+                "{value}: answered {answer:?}, stored: {kept:?}"
+            );
+        }
+        store
+            .write(|conn| {
+                conn.execute_batch("PRAGMA max_page_count = 1073741823").map_err(Error::internal)
+            })
+            .await
+            .expect("room again");
+        store.write(|conn| insert(conn, "later")).await.expect("the writer goes on");
+        assert!(stored(&store).await.contains(&"later".to_owned()));
     }
 }
 
