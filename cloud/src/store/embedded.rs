@@ -1030,6 +1030,48 @@ fn temp_store() -> (EmbeddedStore, tempfile::TempDir) {
     (store, dir)
 }
 
+/// A job that holds the store's writer until [`Held::release`]: what is
+/// written meanwhile queues behind it, and forms the next group.
+#[cfg(test)]
+struct Held {
+    task: tokio::task::JoinHandle<Result<()>>,
+    release: mpsc::Sender<()>,
+}
+
+/// Starts a job that runs `then` once released, and returns once the
+/// writer runs it (its own group already formed).
+#[cfg(test)]
+async fn hold_writer(
+    store: &Arc<EmbeddedStore>,
+    then: impl FnOnce(&Connection) -> Result<()> + Send + 'static,
+) -> Held {
+    let (started, is_started) = oneshot::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let task = tokio::spawn({
+        let store = Arc::clone(store);
+        async move {
+            store
+                .write(move |conn| {
+                    let _ = started.send(());
+                    let _ = released.recv();
+                    then(conn)
+                })
+                .await
+        }
+    });
+    is_started.await.expect("the writer runs the holding job");
+    Held { task, release }
+}
+
+#[cfg(test)]
+impl Held {
+    /// Lets the holding job finish, and waits for it.
+    async fn release(self) {
+        self.release.send(()).expect("release the writer");
+        self.task.await.expect("holding task").expect("holding job");
+    }
+}
+
 /// An event named `name`, received now: what the store's tests append.
 #[cfg(test)]
 fn test_event(name: &str) -> NewEvent {
@@ -1450,7 +1492,7 @@ mod search_index {
 mod writer_groups {
     use std::sync::Arc;
 
-    use super::{EmbeddedStore, Error, temp_store};
+    use super::{EmbeddedStore, Error, Held, hold_writer, temp_store};
     use crate::error::Result;
 
     fn insert(conn: &rusqlite::Connection, value: &str) -> Result<()> {
@@ -1459,28 +1501,21 @@ mod writer_groups {
             .map_err(Error::internal)
     }
 
-    /// Starts a job that stores "held" once `release` is sent, and returns
-    /// once the writer runs it, so that what is written next forms a group
-    /// of its own behind it.
-    async fn hold(
-        store: &Arc<EmbeddedStore>,
-    ) -> (tokio::task::JoinHandle<Result<()>>, std::sync::mpsc::Sender<()>) {
-        let (started, is_started) = tokio::sync::oneshot::channel();
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let held = tokio::spawn({
-            let store = Arc::clone(store);
-            async move {
-                store
-                    .write(move |conn| {
-                        let _ = started.send(());
-                        let _ = released.recv();
-                        insert(conn, "held")
-                    })
-                    .await
-            }
-        });
-        is_started.await.expect("the writer runs the holding job");
-        (held, release)
+    /// A store with an empty table `probe` of values.
+    async fn probe_store() -> (Arc<EmbeddedStore>, tempfile::TempDir) {
+        let (store, dir) = temp_store();
+        store
+            .write(|conn| {
+                conn.execute_batch("CREATE TABLE probe (v TEXT)").map_err(Error::internal)
+            })
+            .await
+            .expect("table");
+        (Arc::new(store), dir)
+    }
+
+    /// Holds the writer with a job that stores "held" once released.
+    async fn hold(store: &Arc<EmbeddedStore>) -> Held {
+        hold_writer(store, |conn| insert(conn, "held")).await
     }
 
     /// The values in `probe`, sorted.
@@ -1511,29 +1546,21 @@ mod writer_groups {
     /// its neighbours are committed.
     #[tokio::test]
     async fn a_failing_job_takes_back_its_own_writes_first_in_its_group_or_not() {
-        let (store, _dir) = temp_store();
-        let store = Arc::new(store);
-        store
-            .write(|conn| {
-                conn.execute_batch("CREATE TABLE probe (v TEXT)").map_err(Error::internal)
-            })
-            .await
-            .expect("table");
+        let (store, _dir) = probe_store().await;
         // Alone in its group, so first.
         assert!(fail_after_writing(&store, "alone").await.is_err());
         // A job holds the writer, its group already formed, while the next
         // group queues behind it: failing, fine, failing, fine. `join!`
         // polls them, so queues them, in that order before the release.
-        let (held, release) = hold(&store).await;
+        let held = hold(&store).await;
         let fine = |value: &'static str| store.write(move |conn| insert(conn, value));
         let (first, second, third, fourth, ()) = tokio::join!(
             fail_after_writing(&store, "first"),
             fine("second"),
             fail_after_writing(&store, "third"),
             fine("fourth"),
-            async { release.send(()).expect("release the writer") },
+            held.release(),
         );
-        held.await.expect("holding task").expect("held job");
         assert!(first.is_err() && third.is_err(), "{first:?} {third:?}");
         second.expect("second");
         fourth.expect("fourth");
@@ -1547,11 +1574,9 @@ mod writer_groups {
     /// answer must then match what is stored, and the writer go on.
     #[tokio::test]
     async fn a_transaction_sqlite_ends_itself_is_answered_as_it_was_stored() {
-        let (store, _dir) = temp_store();
-        let store = Arc::new(store);
+        let (store, _dir) = probe_store().await;
         store
             .write(|conn| {
-                conn.execute_batch("CREATE TABLE probe (v TEXT)").map_err(Error::internal)?;
                 // Full: the database may not grow past its size now.
                 let pages: i64 = conn
                     .query_row("PRAGMA page_count", [], |r| r.get(0))
@@ -1570,20 +1595,14 @@ mod writer_groups {
         };
         let fine = |value: &'static str| store.write(move |conn| insert(conn, value));
         // Too big first in its group, then one that fits.
-        let (held, release) = hold(&store).await;
-        let (first, fits, ()) = tokio::join!(big("big-first"), fine("fits"), async {
-            release.send(()).expect("release")
-        });
-        held.await.expect("holding task").expect("held job");
+        let held = hold(&store).await;
+        let (first, fits, ()) = tokio::join!(big("big-first"), fine("fits"), held.release());
         assert!(first.is_err());
         fits.expect("a job after a first one that SQLite rolled back");
         // Fine, too big, fine: the first is undone with the transaction.
-        let (held, release) = hold(&store).await;
+        let held = hold(&store).await;
         let (before, too_big, after, ()) =
-            tokio::join!(fine("before"), big("big"), fine("after"), async {
-                release.send(()).expect("release")
-            });
-        held.await.expect("holding task").expect("held job");
+            tokio::join!(fine("before"), big("big"), fine("after"), held.release());
         assert!(too_big.is_err());
         let kept = stored(&store).await;
         for (value, answer) in [("before", &before), ("after", &after)] {
@@ -1805,9 +1824,7 @@ mod writer_queue {
     use std::sync::{Arc, Mutex};
     use std::task::Poll;
 
-    use tokio::sync::oneshot;
-
-    use super::{EmbeddedOptions, EmbeddedStore, QUEUE_LIMIT};
+    use super::{EmbeddedOptions, EmbeddedStore, QUEUE_LIMIT, hold_writer};
 
     /// A gRPC stream hands the store a gateway's batches before their
     /// answers, each polled once in order and then awaited in order; with
@@ -1819,21 +1836,7 @@ mod writer_queue {
         let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open");
         let store = Arc::new(store);
         // The writer is held inside a job until released.
-        let (release, held) = std::sync::mpsc::channel::<()>();
-        let (entered, inside) = oneshot::channel();
-        let blocker = tokio::spawn({
-            let store = Arc::clone(&store);
-            async move {
-                store
-                    .write(move |_| {
-                        let _ = entered.send(());
-                        let _ = held.recv();
-                        Ok(())
-                    })
-                    .await
-            }
-        });
-        inside.await.expect("the writer runs the blocking job");
+        let held = hold_writer(&store, |_| Ok(())).await;
         // Every place in the queue taken.
         let fillers: Vec<_> = (0..QUEUE_LIMIT)
             .map(|_| {
@@ -1860,12 +1863,11 @@ mod writer_queue {
             assert!(early.is_pending(), "write {i} found room in a full queue");
             waiting.push(write);
         }
-        release.send(()).expect("release the writer");
+        held.release().await;
         for write in waiting {
             write.await.expect("write");
         }
         assert_eq!(*order.lock().expect("order"), (0..64).collect::<Vec<_>>());
-        blocker.await.expect("blocker task").expect("blocking job");
         for filler in fillers {
             filler.await.expect("filler task").expect("filler");
         }
