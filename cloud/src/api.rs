@@ -8,6 +8,7 @@
 pub mod connectors;
 pub mod enforce;
 pub mod events;
+pub mod exports;
 pub mod governance;
 pub mod graphql;
 pub mod health;
@@ -198,6 +199,9 @@ impl Routes {
         self.router
             .route_layer(middleware::from_fn_with_state(state.clone(), observe))
             .fallback(|| async { Error::NotFound("route".into()) })
+            .method_not_allowed_fallback(|method: Method| async move {
+                Error::MethodNotAllowed(method.to_string())
+            })
             .with_state(state)
     }
 }
@@ -220,6 +224,8 @@ pub fn routes() -> Routes {
         .add(Method::POST, "/api/track", trackables::track)
         .add(Method::GET, "/r/{code}", scan::scan)
         .add(Method::POST, "/api/connectors/ingest", connectors::ingest)
+        .add(Method::POST, "/api/exports/destinations", exports::push)
+        .add(Method::GET, "/api/exports/receipts", exports::receipts)
         .governance()
         .queries()
 }

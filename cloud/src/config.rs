@@ -24,6 +24,7 @@ pub struct Config {
     pub scan: ScanConfig,
     pub receivers: crate::receiver::ReceiverConfig,
     pub governance: GovernanceConfig,
+    pub exports: ExportsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -206,6 +207,26 @@ impl Default for GovernanceConfig {
     }
 }
 
+/// Destination exports (`POST /api/exports/destinations`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExportsConfig {
+    /// PEM file of the CA to trust for every export endpoint *instead of*
+    /// the platform's roots (private endpoints, or a test). Env
+    /// `OPGRAPH_EXPORT_CA_FILE`.
+    pub ca_file: Option<PathBuf>,
+    /// Bound on one export, connection to last byte. Default `30s`; at
+    /// most `5min`. Env `OPGRAPH_EXPORT_TIMEOUT`.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for ExportsConfig {
+    fn default() -> Self {
+        ExportsConfig { ca_file: None, timeout: Duration::from_secs(30) }
+    }
+}
+
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
@@ -333,6 +354,13 @@ impl Config {
             self.governance.proof_timeout =
                 humantime_serde::re::humantime::parse_duration(v.trim())
                     .map_err(|e| problem("OPGRAPH_PROOF_TIMEOUT", format!("{e}: {v:?}")))?;
+        }
+        if let Some(v) = env("OPGRAPH_EXPORT_CA_FILE") {
+            self.exports.ca_file = Some(PathBuf::from(v));
+        }
+        if let Some(v) = env("OPGRAPH_EXPORT_TIMEOUT") {
+            self.exports.timeout = humantime_serde::re::humantime::parse_duration(v.trim())
+                .map_err(|e| problem("OPGRAPH_EXPORT_TIMEOUT", format!("{e}: {v:?}")))?;
         }
         if let Some(v) = env("OPGRAPH_WRITER_CACHE") {
             self.store.writer_cache = parsed("OPGRAPH_WRITER_CACHE", v)?;
@@ -482,6 +510,9 @@ impl Config {
             || self.governance.proof_timeout > Duration::from_secs(300)
         {
             return Err(problem("governance.proof_timeout", "must be between 1ms and 5min"));
+        }
+        if self.exports.timeout.is_zero() || self.exports.timeout > Duration::from_secs(300) {
+            return Err(problem("exports.timeout", "must be between 1ms and 5min"));
         }
         if self.rate_limit.requests_per_second > 0 && self.rate_limit.burst == 0 {
             return Err(problem("rate_limit.burst", "must be at least 1 when limiting is on"));

@@ -35,11 +35,13 @@ pub enum Error {
     RateLimited { retry_after_secs: u64 },
     #[error("the store is unavailable")]
     Unavailable { retry_after_secs: u64 },
-    /// The configured store does not offer this yet (a backend still being
-    /// completed): answered as 501 so that a client never mistakes it for
-    /// an empty result.
-    #[error("{0} is not implemented by the {1} store yet")]
-    NotImplemented(&'static str, &'static str),
+    /// Something the API names but does not offer yet (a destination
+    /// kind, a backend still being completed): answered as 501 so that a
+    /// client never mistakes it for an empty result.
+    #[error("{0}")]
+    NotImplemented(String),
+    #[error("{0} is not allowed on this route")]
+    MethodNotAllowed(String),
     /// Anything we did not expect: logged with its cause, answered as 500
     /// without details.
     #[error("internal error: {0}")]
@@ -75,7 +77,8 @@ impl Error {
             }
             Error::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Error::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            Error::NotImplemented(..) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
+            Error::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
+            Error::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }

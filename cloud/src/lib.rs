@@ -26,7 +26,8 @@
 //!   (period diff, anomalies, health score, next actions) over the
 //!   aggregates of the store's `QueryStore` part, which
 //!   `api::{metrics, queries, intelligence, graphql}` drive.
-//! - [`proof_push`] sends proof trails to the external proof service.
+//! - [`outbound`] makes one HTTPS `POST` to a customer's endpoint: proof
+//!   trails pushed to the external proof service, destination exports.
 //! - [`telemetry`] holds the Prometheus metrics; [`ids`] makes identifiers.
 
 pub mod api;
@@ -37,7 +38,7 @@ pub mod error;
 pub mod governance;
 pub mod ids;
 pub mod intelligence;
-pub mod proof_push;
+pub mod outbound;
 pub mod receiver;
 pub mod server;
 pub mod store;

@@ -153,7 +153,8 @@ pub trait Store:
     async fn insert_api_key(&self, key: NewApiKey) -> Result<ApiKeyRecord>;
     /// The active (not revoked) key with this hash.
     async fn find_api_key(&self, hash: &str) -> Result<Option<ApiKeyRecord>>;
-    async fn list_api_keys(&self, workspace_id: &str) -> Result<Vec<ApiKeyRecord>>;
+    /// The workspace's keys, oldest first, at most `limit`.
+    async fn list_api_keys(&self, workspace_id: &str, limit: usize) -> Result<Vec<ApiKeyRecord>>;
     /// Revokes; `false` when the key does not exist in that workspace.
     async fn revoke_api_key(&self, workspace_id: &str, key_id: &str) -> Result<bool>;
 

@@ -11,6 +11,7 @@ pub mod backends;
 pub mod bench;
 pub mod clickhouse;
 pub mod edge;
+pub mod https_endpoint;
 pub mod mosquitto;
 
 use std::collections::HashMap;
@@ -221,5 +222,24 @@ impl Cloud {
 
     pub fn at(&self, path: &str) -> String {
         format!("{}{path}", self.url)
+    }
+
+    /// One request to the API as `key`, with `body` as JSON: the status and
+    /// the answer (`Null` when it is not JSON).
+    pub async fn call(
+        &self,
+        client: &reqwest::Client,
+        key: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        let mut request = client.request(method, self.at(path)).bearer_auth(key);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.expect("the cloud answers");
+        let status = response.status();
+        (status, response.json().await.unwrap_or(serde_json::Value::Null))
     }
 }

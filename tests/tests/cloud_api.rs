@@ -197,6 +197,8 @@ async fn invalid_input_gets_the_error_shape_and_stores_nothing() {
     let response =
         client.put(cloud.at("/api/ingest")).bearer_auth(&cloud.key).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(error_code(&answer), "method_not_allowed", "the error shape, like every error");
 
     let (_, list) = get(&client, &cloud, &cloud.key, "/api/events").await;
     assert_eq!(list["events"].as_array().unwrap().len(), 0, "a rejected request stored something");
@@ -291,6 +293,11 @@ async fn credentials_scopes_revocation_and_workspaces() {
     let text = keys.to_string();
     assert!(!text.contains(&reader) && !text.contains(TEST_BOOTSTRAP_KEY), "secret leaked");
     assert!(keys["keys"].as_array().unwrap().iter().any(|k| k["id"] == reader_id.as_str()));
+    let (status, first) = get(&client, &cloud, &cloud.key, "/api/keys?limit=1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(first["keys"].as_array().unwrap()[..], keys["keys"].as_array().unwrap()[..1]);
+    let (status, body) = get(&client, &cloud, &cloud.key, "/api/keys?limt=1").await;
+    assert_eq!((status, error_code(&body)), (StatusCode::BAD_REQUEST, "validation_failed"));
 
     // Bad key creation bodies.
     for body in

@@ -7,16 +7,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use opgraph_tests::backends::{Backend, BackendCloud, BackendStore};
-use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends};
+use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends, https_endpoint};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const DOC: &str = include_str!("../../docs/governance.md");
 const HOUR: i64 = 3_600_000;
@@ -42,13 +40,7 @@ async fn call(
     path: &str,
     body: Option<&Value>,
 ) -> (StatusCode, Value) {
-    let mut request = client.request(method, cloud.at(path)).bearer_auth(key);
-    if let Some(body) = body {
-        request = request.json(body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
+    cloud.call(client, key, method, path, body).await
 }
 
 async fn post(
@@ -963,94 +955,8 @@ async fn receipts_hash_as_documented(backend: Backend) {
 // ---------------------------------------------------------------------------
 // Proof trails and the push to a local HTTPS endpoint.
 
-/// Requests received: head and body.
-type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
-
-/// A one-connection-at-a-time HTTPS endpoint with a self-signed certificate
-/// for 127.0.0.1: answers each request with the next status of `plan`
-/// (the last one repeats) and `{"id": "ext-N"}`, and keeps what it got.
-struct ProofEndpoint {
-    url: String,
-    ca_file: std::path::PathBuf,
-    received: Received,
-    task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
-}
-
-async fn proof_endpoint(plan: Vec<u16>) -> ProofEndpoint {
-    let dir = tempfile::tempdir().unwrap();
-    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
-    let ca_file = dir.path().join("proof-ca.pem");
-    std::fs::write(&ca_file, certified.cert.pem()).unwrap();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into());
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![certified.cert.der().clone()], key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("https://{}/v1/proofs?token=secret", listener.local_addr().unwrap());
-    let received = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&received);
-    let count = Arc::new(AtomicUsize::new(0));
-    let task = tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let Ok(mut tls) = acceptor.accept(tcp).await else { continue };
-            let (head, body) = read_request(&mut tls).await;
-            let n = count.fetch_add(1, Ordering::SeqCst);
-            seen.lock().unwrap().push((head, body));
-            let status = plan[n.min(plan.len() - 1)];
-            let answer = format!("{{\"id\": \"ext-{n}\"}}");
-            let response = format!(
-                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                answer.len()
-            );
-            let _ = tls.write_all(response.as_bytes()).await;
-            let _ = tls.shutdown().await;
-        }
-    });
-    ProofEndpoint { url, ca_file, received, task, _dir: dir }
-}
-
-/// Reads one HTTP/1.1 request: head, then `content-length` bytes of body.
-async fn read_request<S: AsyncReadExt + Unpin>(stream: &mut S) -> (String, Vec<u8>) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break pos + 4;
-        }
-        let n = stream.read(&mut chunk).await.unwrap_or(0);
-        if n == 0 {
-            return (String::new(), Vec::new());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length:")
-                .map(|v| v.trim().parse().unwrap())
-        })
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        let n = stream.read(&mut chunk).await.unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    (head, buf[head_end..].to_vec())
-}
-
 async fn proof_trails_export_verify_and_push(backend: Backend) {
-    let mut endpoint = proof_endpoint(vec![200, 500]).await;
+    let mut endpoint = https_endpoint::start(vec![200, 500]).await;
     let cloud = start(
         backend,
         &[

@@ -2,8 +2,10 @@
 //! operator scope). A key's secret is returned once, at creation; the store
 //! keeps only its SHA-256. Rotation is create-then-revoke.
 
+use std::collections::HashMap;
+
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::Serialize;
 use serde_json::Value;
@@ -167,12 +169,22 @@ pub async fn create(
     get,
     path = "/api/keys",
     tag = "keys",
-    responses((status = 200, body = KeyList), (status = 401, body = crate::error::ErrorBody), (status = 403, body = crate::error::ErrorBody)),
+    params(("limit" = Option<u32>, Query, description = "Default 100, clamped to 1000; oldest first")),
+    responses(
+        (status = 200, body = KeyList), (status = 400, body = crate::error::ErrorBody),
+        (status = 401, body = crate::error::ErrorBody), (status = 403, body = crate::error::ErrorBody),
+    ),
     security(("bearer" = []))
 )]
-pub async fn list(State(state): State<AppState>, principal: Principal) -> Result<Json<KeyList>> {
+pub async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<KeyList>> {
     principal.require(Scope::Admin)?;
-    let keys = state.store.list_api_keys(&principal.workspace_id).await?;
+    super::check_params(&params, &["limit"])?;
+    let limit = super::limit_of(&params)?;
+    let keys = state.store.list_api_keys(&principal.workspace_id, limit).await?;
     Ok(Json(KeyList { keys: keys.into_iter().map(ApiKeyView::from).collect() }))
 }
 

@@ -111,6 +111,8 @@ impl Modify for BearerAuth {
         super::proofs::list,
         super::proofs::get,
         super::proofs::verify,
+        super::exports::push,
+        super::exports::receipts,
         super::metrics::metrics,
         super::metrics::create_definition,
         super::metrics::list_definitions,

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -19,11 +18,10 @@ use super::governance::{MAX_TEXT, parse_body, text};
 use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
-use crate::governance::hash::sha256_hex;
 use crate::governance::proof::{
     self, MAX_EVENTS, MAX_EVIDENCE, MAX_EVIDENCE_BYTES, ProofVerification,
 };
-use crate::proof_push;
+use crate::outbound;
 use crate::store::EventFilter;
 use crate::store::governance::{
     ExportReceipt, ProofItem, ProofTrail, ProofTrailSummary, ReceiptFilter, ReceiptRow,
@@ -265,38 +263,16 @@ async fn push(state: &AppState, ws: &str, trail: &ProofTrail) -> Result<ExportRe
     let config = &state.config.governance;
     let payload = serde_json::to_vec(&json!({"workspaceId": ws, "proofTrail": trail}))
         .map_err(Error::internal)?;
-    let request_id = crate::ids::new_id("req");
-    let mut receipt = ExportReceipt {
-        id: crate::ids::new_id("exp"),
-        destination: proof_push::destination(config.proof_url.as_deref().unwrap_or_default()),
-        status: "failed".to_owned(),
-        request_id: request_id.clone(),
-        response_status: None,
-        external_id: None,
-        error: None,
-        payload_hash: sha256_hex(&payload),
-        record_count: u64::try_from(trail.items.len()).unwrap_or(u64::MAX),
-        created_at: crate::now_ms(),
-        proof_trail_id: Some(trail.id.clone()),
+    let target = outbound::Target {
+        setting: "governance.proof_url",
+        url: config.proof_url.as_deref().unwrap_or_default(),
+        ca_file: config.proof_ca_file.as_deref(),
+        timeout: config.proof_timeout,
     };
-    match proof_push::post(config, Bytes::from(payload), &request_id, &trail.id).await {
-        Ok(answer) => {
-            receipt.response_status = Some(answer.status);
-            receipt.external_id = proof_push::external_id(&answer.body);
-            if (200..300).contains(&answer.status) {
-                receipt.status = "succeeded".to_owned();
-            } else {
-                let text = String::from_utf8_lossy(&answer.body);
-                let text: String = text.chars().take(200).collect();
-                receipt.error = Some(format!("HTTP {}: {text}", answer.status));
-            }
-        }
-        Err(error) => {
-            tracing::warn!(%error, proof_trail = %trail.id, "proof push failed");
-            receipt.error = Some(error);
-        }
-    }
-    Ok(receipt)
+    let headers = vec![outbound::header("idempotency-key", &trail.id)?];
+    let id = crate::ids::new_id("exp");
+    super::exports::send(id, target, payload, headers, trail.items.len(), Some(trail.id.clone()))
+        .await
 }
 
 /// List proof trails, newest first (without their items).

@@ -110,6 +110,22 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     crate::ids::hex(&sha256(bytes))
 }
 
+/// HMAC-SHA256 (RFC 2104) of `message` under `key`, raw: how destination
+/// exports sign what they send. A dozen lines over `sha2` rather than one
+/// more crate for one function.
+pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        block[..32].copy_from_slice(&sha256(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.map(|b| b ^ byte);
+    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(message).finalize();
+    Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize().into()
+}
+
 /// SHA-256 of the canonical JSON of `value`.
 pub fn canonical_hash(value: &Value) -> String {
     sha256_hex(canonical_json(value).as_bytes())
@@ -186,6 +202,22 @@ mod tests {
             let back: String = serde_json::from_str(&canonical).unwrap();
             proptest::prop_assert_eq!(back, text);
         }
+    }
+
+    #[test]
+    fn hmac_sha256_matches_rfc_4231() {
+        // Test case 2 (a short key) and 6 (a key longer than a block).
+        assert_eq!(
+            crate::ids::hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            crate::ids::hex(&hmac_sha256(
+                &[0xaa; 131],
+                b"Test Using Larger Than Block-Size Key - Hash Key First"
+            )),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
     }
 
     #[test]

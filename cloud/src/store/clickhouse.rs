@@ -346,7 +346,7 @@ async fn first_contact(client: &Client, url: &str) -> Result<()> {
         }
     };
     tried_at_start(ping, |_| true).await.map_err(|why| {
-        let at = crate::proof_push::destination(url);
+        let at = crate::outbound::destination(url);
         Error::validation(
             "store.clickhouse_url",
             format!("store.clickhouse_url: cannot reach ClickHouse at {at}: {why}"),
@@ -794,14 +794,15 @@ impl Store for ClickHouseStore {
         Ok(self.key_by_hash(hash).await?.filter(|k| k.revoked_at.is_none()))
     }
 
-    async fn list_api_keys(&self, workspace_id: &str) -> Result<Vec<ApiKeyRecord>> {
+    async fn list_api_keys(&self, workspace_id: &str, limit: usize) -> Result<Vec<ApiKeyRecord>> {
         let rows: Vec<KeyRead> = run(self
             .client
             .query(&format!(
                 "{KEY_SELECT} WHERE workspace_id = ? GROUP BY workspace_id, id
-                 ORDER BY k_created_at, id"
+                 ORDER BY k_created_at, id LIMIT ?"
             ))
             .bind(workspace_id)
+            .bind(u64::try_from(limit).unwrap_or(u64::MAX))
             .sent()
             .fetch_all())
         .await?;

@@ -672,18 +672,20 @@ pub async fn workspaces_and_keys(store: &dyn Store) {
     assert_eq!((found.workspace_id.as_str(), found.name.as_str()), (WS, "key_b name"));
     assert_eq!(found.scopes, [crate::auth::Scope::Ingest, crate::auth::Scope::Read]);
     assert!(store.find_api_key("hash-of-nothing").await.unwrap().is_none());
-    let listed = store.list_api_keys(WS).await.unwrap();
+    let listed = store.list_api_keys(WS, 1000).await.unwrap();
     assert_eq!(listed.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(), ["key_a", "key_b"]);
+    let first = store.list_api_keys(WS, 1).await.unwrap();
+    assert_eq!(first.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(), ["key_a"], "bounded");
 
     assert!(!store.revoke_api_key(OTHER_WS, "key_b").await.unwrap(), "another workspace's");
     assert!(!store.revoke_api_key(WS, "key_nope").await.unwrap());
     assert!(store.revoke_api_key(WS, "key_b").await.unwrap());
     assert!(store.revoke_api_key(WS, "key_b").await.unwrap(), "revoking twice is fine");
     assert!(store.find_api_key("hash-of-key_b").await.unwrap().is_none());
-    let listed = store.list_api_keys(WS).await.unwrap();
+    let listed = store.list_api_keys(WS, 1000).await.unwrap();
     assert!(listed[1].revoked_at.is_some() && listed[0].revoked_at.is_none());
     assert!(store.find_api_key("hash-of-key_a").await.unwrap().is_some());
-    assert_eq!(store.list_api_keys(OTHER_WS).await.unwrap().len(), 1);
+    assert_eq!(store.list_api_keys(OTHER_WS, 1000).await.unwrap().len(), 1);
 }
 
 fn listed_names(events: &[super::StoredEvent]) -> Vec<String> {

@@ -907,16 +907,17 @@ impl Store for EmbeddedStore {
         .await
     }
 
-    async fn list_api_keys(&self, workspace_id: &str) -> Result<Vec<ApiKeyRecord>> {
+    async fn list_api_keys(&self, workspace_id: &str, limit: usize) -> Result<Vec<ApiKeyRecord>> {
         let ws = workspace_id.to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare(&format!(
                     "SELECT {KEY_COLUMNS} FROM api_keys WHERE workspace_id = ?1
-                     ORDER BY created_at, id"
+                     ORDER BY created_at, id LIMIT ?2"
                 ))
                 .map_err(sql)?;
-            let rows = stmt.query_map([ws], key_from_row).map_err(sql)?;
+            let rows = stmt.query_map(params![ws, limit], key_from_row).map_err(sql)?;
             rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
         })
         .await

@@ -1,35 +1,54 @@
-//! Pushes a proof-trail packet to the external proof service: one HTTPS
-//! `POST` over rustls (ring) and hyper, bounded by a timeout, never
-//! retried here (the export receipt records the failure; the caller may
-//! export again).
+//! One HTTPS `POST` to an endpoint a customer runs: the external proof
+//! service (`pushToExternalProof`) and destination exports. rustls (ring)
+//! and hyper, bounded by a timeout, never retried here (the export receipt
+//! records the failure; the caller may send again).
 //!
-//! The TLS client is built per push with its own crypto provider, so
+//! The TLS client is built per request with its own crypto provider, so
 //! nothing process-wide must be installed first, and the platform's roots
-//! (or, with `proof_ca_file`, only that CA) are read each time: pushes are
-//! rare and this keeps a rotated CA file effective without a restart.
+//! (or, with a CA file, only that CA) are read each time: pushes are rare
+//! and this keeps a rotated CA file effective without a restart.
 
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::Request;
-use hyper::header::{CONTENT_TYPE, HOST, HeaderValue};
+use hyper::header::{CONTENT_TYPE, HOST, HeaderName, HeaderValue};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::config::GovernanceConfig;
-
 /// Largest answer body read (for the external id); the rest is ignored.
 const MAX_ANSWER: usize = 64 * 1024;
+
+/// Where a `POST` goes and how far it is trusted.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The setting or field the URL came from, for error sentences.
+    pub setting: &'a str,
+    pub url: &'a str,
+    /// Trust only this CA instead of the platform's roots.
+    pub ca_file: Option<&'a Path>,
+    /// Bound on the whole exchange, connection to last byte.
+    pub timeout: Duration,
+}
 
 /// What the endpoint answered.
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub status: u16,
     pub body: Bytes,
+}
+
+/// A header of ours: `name` lower-case, `value` one we made (ids, hex,
+/// digits), so a failure is a bug, answered as 500.
+pub fn header(name: &'static str, value: &str) -> crate::error::Result<(HeaderName, HeaderValue)> {
+    let value = HeaderValue::from_str(value).map_err(crate::error::Error::internal)?;
+    Ok((HeaderName::from_static(name), value))
 }
 
 /// `scheme://host:port/path` of a URL: never its credentials or query.
@@ -46,39 +65,38 @@ pub fn destination(url: &str) -> String {
     }
 }
 
-/// POSTs `payload` to the configured endpoint; `Err` is a sentence for the
-/// export receipt (no answer came, or the endpoint is unusable).
+/// POSTs `payload` (JSON) with `headers` to `target`; `Err` is a sentence
+/// for the export receipt (no answer came, or the endpoint is unusable).
+/// `Host` and `Content-Type` are set here.
 pub async fn post(
-    config: &GovernanceConfig,
+    target: Target<'_>,
     payload: Bytes,
-    request_id: &str,
-    idempotency_key: &str,
+    headers: &[(HeaderName, HeaderValue)],
 ) -> Result<Answer, String> {
-    let url = config.proof_url.as_deref().ok_or("no proof endpoint is configured")?;
-    let url = url::Url::parse(url).map_err(|e| format!("proof_url: {e}"))?;
+    let setting = target.setting;
+    let url = url::Url::parse(target.url).map_err(|e| format!("{setting}: {e}"))?;
     if url.scheme() != "https" {
-        return Err("proof_url must be https".to_owned());
+        return Err(format!("{setting} must be https"));
     }
-    let ca_file = config.proof_ca_file.clone();
+    let ca_file = target.ca_file.map(Path::to_path_buf);
+    let what = format!("{setting} CA file");
     let tls = tokio::task::spawn_blocking(move || {
-        crate::tls_client::client_config("proof CA file", ca_file.as_deref())
+        crate::tls_client::client_config(&what, ca_file.as_deref())
     })
     .await
     .map_err(|e| e.to_string())??;
-    let timeout = config.proof_timeout;
-    tokio::time::timeout(timeout, exchange(&url, tls, payload, request_id, idempotency_key))
-        .await
-        .map_err(|_| {
-        format!("timed out after {}", humantime_serde::re::humantime::format_duration(timeout))
-    })?
+    let timeout = target.timeout;
+    tokio::time::timeout(timeout, exchange(&url, setting, tls, payload, headers)).await.map_err(
+        |_| format!("timed out after {}", humantime_serde::re::humantime::format_duration(timeout)),
+    )?
 }
 
 async fn exchange(
     url: &url::Url,
+    setting: &str,
     tls: rustls::ClientConfig,
     payload: Bytes,
-    request_id: &str,
-    idempotency_key: &str,
+    headers: &[(HeaderName, HeaderValue)],
 ) -> Result<Answer, String> {
     let port = url.port_or_known_default().unwrap_or(443);
     let (server_name, tcp) = match url.host() {
@@ -92,7 +110,7 @@ async fn exchange(
         Some(url::Host::Ipv6(ip)) => {
             (ServerName::IpAddress(IpAddr::V6(ip).into()), TcpStream::connect((ip, port)).await)
         }
-        None => return Err("proof_url has no host".to_owned()),
+        None => return Err(format!("{setting} has no host")),
     };
     let tcp = tcp.map_err(|e| format!("connect: {e}"))?;
     let stream = TlsConnector::from(Arc::new(tls))
@@ -111,13 +129,13 @@ async fn exchange(
         Some(p) => format!("{}:{p}", url.host_str().unwrap_or("")),
         None => url.host_str().unwrap_or("").to_owned(),
     };
-    let request = Request::post(path)
+    let mut request = Request::post(path)
         .header(HOST, HeaderValue::from_str(&authority).map_err(|e| e.to_string())?)
-        .header(CONTENT_TYPE, "application/json")
-        .header("x-opgraph-request-id", request_id)
-        .header("idempotency-key", idempotency_key)
-        .body(Full::new(payload))
-        .map_err(|e| e.to_string())?;
+        .header(CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    let request = request.body(Full::new(payload)).map_err(|e| e.to_string())?;
     let result = async {
         let response = sender.send_request(request).await.map_err(|e| format!("HTTP: {e}"))?;
         let status = response.status().as_u16();
@@ -169,12 +187,16 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_endpoint_is_an_error_not_a_panic() {
-        let config = GovernanceConfig {
-            proof_url: Some("https://127.0.0.1:1/".into()),
-            proof_ca_file: None,
-            proof_timeout: Duration::from_secs(5),
+        let target = Target {
+            setting: "governance.proof_url",
+            url: "https://127.0.0.1:1/",
+            ca_file: None,
+            timeout: Duration::from_secs(5),
         };
-        let err = post(&config, Bytes::from_static(b"{}"), "req_1", "prf_1").await.unwrap_err();
+        let err = post(target, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
         assert!(err.contains("connect"), "{err}");
+        let plain = Target { url: "http://127.0.0.1:1/", ..target };
+        let err = post(plain, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
+        assert_eq!(err, "governance.proof_url must be https");
     }
 }

@@ -1,0 +1,417 @@
+//! `/api/exports`: push a workspace's recent events (or records the caller
+//! supplies) to a destination, with an export receipt for every push,
+//! failed or not; and the list of those receipts. Reference:
+//! `docs/exports.md`.
+//!
+//! Every destination's configuration is checked, so a missing field is a
+//! 400 naming it whichever kind is asked for; of the kinds the contract
+//! names, the custom HTTPS endpoint is the one implemented so far, the
+//! warehouses and object stores answer 501.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use hyper::header::{HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use utoipa::ToSchema;
+
+use super::governance::parse_body;
+use super::{AppState, JsonBody};
+use crate::auth::{Principal, Scope};
+use crate::error::{Error, ErrorDetail, Result};
+use crate::governance::hash::{hmac_sha256, sha256_hex};
+use crate::outbound::{self, Answer};
+use crate::store::EventFilter;
+use crate::store::governance::ExportReceipt;
+
+type ErrorBody = crate::error::ErrorBody;
+
+/// Most records in one export, events or supplied.
+pub const MAX_RECORDS: usize = 1000;
+/// Recent events exported when `limit` is not given.
+const DEFAULT_LIMIT: usize = 100;
+/// Most extra headers for an `https` destination.
+const MAX_HEADERS: usize = 20;
+/// Longest `secret` accepted.
+const MAX_SECRET: usize = 1024;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DestinationExport {
+    /// `bigquery`, `snowflake`, `redshift`, `s3`, `gcs` or `https`.
+    pub destination: String,
+    /// Settings of the destination; for `https`: `{url, secret?, headers?}`.
+    #[schema(value_type = Object)]
+    pub config: Value,
+    /// Recent events to export, newest first: default 100, 1 to 1000.
+    pub limit: Option<i64>,
+    /// Records to export instead of recent events: 1 to 1000 JSON objects.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub records: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportAnswer {
+    pub export_receipt: ExportReceipt,
+}
+
+/// A 502: the error shape, and the receipt of the failed push beside it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedExport {
+    pub error: ErrorDetail,
+    pub export_receipt: ExportReceipt,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportReceiptList {
+    /// Newest first: destination exports and proof-trail pushes.
+    pub export_receipts: Vec<ExportReceipt>,
+}
+
+/// The destination kinds of the contract and the config fields each needs
+/// (`redshift` needs one of `clusterId` and `workgroup` besides).
+const KINDS: [(&str, &[&str]); 6] = [
+    ("bigquery", &["projectId", "datasetId", "tableId"]),
+    ("snowflake", &["account", "database", "schema", "table"]),
+    ("redshift", &["database", "table", "region"]),
+    ("s3", &["bucket"]),
+    ("gcs", &["bucket"]),
+    ("https", &["url"]),
+];
+
+/// An `https` destination, checked.
+struct Endpoint {
+    url: String,
+    secret: Option<String>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// Checks `config` for `destination`: every required field a non-empty
+/// string, the missing ones all named.
+fn check_config(destination: &str, config: &Value) -> Result<&'static str> {
+    let Some((kind, required)) = KINDS.iter().find(|(kind, _)| *kind == destination) else {
+        let known: Vec<&str> = KINDS.iter().map(|(kind, _)| *kind).collect();
+        return Err(Error::validation(
+            "destination",
+            format!("unknown destination {destination:?}; one of {}", known.join(", ")),
+        ));
+    };
+    let Some(config) = config.as_object() else {
+        return Err(Error::validation("config", "`config` must be a JSON object"));
+    };
+    let present =
+        |name: &str| config.get(name).and_then(Value::as_str).is_some_and(|s| !s.trim().is_empty());
+    let mut missing: Vec<&str> = required.iter().copied().filter(|name| !present(name)).collect();
+    if *kind == "redshift" && !present("clusterId") && !present("workgroup") {
+        missing.push("clusterId");
+    }
+    if let Some(first) = missing.first() {
+        let names = missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ");
+        let also = if *kind == "redshift" { " (`clusterId` or `workgroup`)" } else { "" };
+        return Err(Error::validation(
+            format!("config.{first}"),
+            format!("the {kind} destination needs {names} in `config` as non-empty strings{also}"),
+        ));
+    }
+    Ok(kind)
+}
+
+/// The `https` destination's `{url, secret?, headers?}`.
+fn endpoint(config: &Map<String, Value>) -> Result<Endpoint> {
+    if let Some(unknown) =
+        config.keys().find(|k| !["url", "secret", "headers"].contains(&k.as_str()))
+    {
+        return Err(Error::validation(
+            format!("config.{unknown}"),
+            format!("unknown field `{unknown}`; the https destination takes url, secret, headers"),
+        ));
+    }
+    let url = config.get("url").and_then(Value::as_str).unwrap_or_default().trim();
+    match url::Url::parse(url) {
+        Ok(parsed) if parsed.scheme() == "https" && parsed.host().is_some() => {}
+        _ => return Err(Error::validation("config.url", "`config.url` must be an https:// URL")),
+    }
+    let secret = match config.get("secret") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_SECRET => Some(s.clone()),
+        Some(_) => {
+            return Err(Error::validation(
+                "config.secret",
+                format!("`config.secret` must be a string of 1 to {MAX_SECRET} bytes"),
+            ));
+        }
+    };
+    let headers = match config.get("headers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(map)) if map.len() <= MAX_HEADERS => {
+            map.iter().map(|(name, value)| header(name, value)).collect::<Result<_>>()?
+        }
+        Some(_) => {
+            return Err(Error::validation(
+                "config.headers",
+                format!("`config.headers` must be an object of at most {MAX_HEADERS} strings"),
+            ));
+        }
+    };
+    Ok(Endpoint { url: url.to_owned(), secret, headers })
+}
+
+/// One extra header; those the request itself sets are refused.
+fn header(name: &str, value: &Value) -> Result<(HeaderName, HeaderValue)> {
+    let field = format!("config.headers.{name}");
+    let parsed = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| Error::validation(field.clone(), "not a valid header name"))?;
+    const OURS: [&str; 6] = [
+        "host",
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "idempotency-key",
+    ];
+    if OURS.contains(&parsed.as_str()) || parsed.as_str().starts_with("x-opgraph-") {
+        return Err(Error::validation(field, "this header is set by the export itself"));
+    }
+    let value = value
+        .as_str()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+        .ok_or_else(|| Error::validation(field, "must be a string valid in an HTTP header"))?;
+    Ok((parsed, value))
+}
+
+/// Export recent events, or supplied records, to a destination.
+#[utoipa::path(
+    post, path = "/api/exports/destinations", tag = "exports",
+    request_body = DestinationExport,
+    responses(
+        (status = 201, description = "Pushed; the export receipt", body = ExportAnswer),
+        (status = 400, description = "Unknown destination, a config field missing or invalid (named in `field`), a bad `limit` or `records`", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 403, description = "The credential lacks the `export` scope", body = ErrorBody),
+        (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
+        (status = 429, body = ErrorBody),
+        (status = 501, description = "A destination kind not implemented yet (only `https` is)", body = ErrorBody),
+        (status = 502, description = "The destination failed; the export receipt records how", body = FailedExport),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn push(
+    State(state): State<AppState>,
+    principal: Principal,
+    JsonBody(body): JsonBody,
+) -> Result<Response> {
+    principal.require(Scope::Export)?;
+    let input: DestinationExport = parse_body(body)?;
+    let kind = check_config(input.destination.trim(), &input.config)?;
+    let endpoint = match (kind, input.config.as_object()) {
+        ("https", Some(config)) => endpoint(config)?,
+        _ => {
+            return Err(Error::NotImplemented(format!(
+                "the {kind} destination is not implemented yet; `https` is"
+            )));
+        }
+    };
+    let ws = &principal.workspace_id;
+    let (source, records) = match (input.records, input.limit) {
+        (Some(_), Some(_)) => {
+            return Err(Error::validation("limit", "give `limit` or `records`, not both"));
+        }
+        (Some(records), None) => ("records", supplied(records)?),
+        (None, limit) => {
+            let limit = match limit {
+                None => DEFAULT_LIMIT,
+                Some(n) if n >= 1 => usize::try_from(n).unwrap_or(MAX_RECORDS).min(MAX_RECORDS),
+                Some(_) => {
+                    return Err(Error::validation("limit", "`limit` must be at least 1"));
+                }
+            };
+            let filter = EventFilter { limit, ..EventFilter::default() };
+            let events = state.store.list_events(ws, &filter).await?;
+            ("events", events.into_iter().map(|e| e.into_json()).collect())
+        }
+    };
+
+    let id = crate::ids::new_id("exp");
+    let now = crate::now_ms();
+    let count = records.len();
+    let payload = serde_json::to_vec(&json!({
+        "exportId": id, "workspaceId": ws, "exportedAt": now,
+        "source": source, "recordCount": count, "records": records,
+    }))
+    .map_err(Error::internal)?;
+    let mut headers = endpoint.headers;
+    let timestamp = now.to_string();
+    if let Some(secret) = &endpoint.secret {
+        // Over the timestamp too, so that a captured request cannot be
+        // replayed later with a fresh one.
+        let signed = [timestamp.as_bytes(), b".", &payload].concat();
+        let signature = crate::ids::hex(&hmac_sha256(secret.as_bytes(), &signed));
+        headers.push(outbound::header("x-opgraph-signature", &format!("sha256={signature}"))?);
+    }
+    headers.push(outbound::header("x-opgraph-timestamp", &timestamp)?);
+    headers.push(outbound::header("idempotency-key", &id)?);
+    let target = outbound::Target {
+        setting: "config.url",
+        url: &endpoint.url,
+        ca_file: state.config.exports.ca_file.as_deref(),
+        timeout: state.config.exports.timeout,
+    };
+    let receipt = send(id, target, payload, headers, count, None).await?;
+    state.store.insert_export_receipt(ws, &receipt).await?;
+    if receipt.status == "succeeded" {
+        return Ok(
+            (StatusCode::CREATED, Json(ExportAnswer { export_receipt: receipt })).into_response()
+        );
+    }
+    let message =
+        format!("the destination failed: {}", receipt.error.as_deref().unwrap_or("no answer"));
+    let error = ErrorDetail { code: "destination_failed".to_owned(), message, field: None };
+    Ok((StatusCode::BAD_GATEWAY, Json(FailedExport { error, export_receipt: receipt }))
+        .into_response())
+}
+
+/// The caller's records: 1 to [`MAX_RECORDS`] JSON objects.
+fn supplied(records: Vec<Value>) -> Result<Vec<Value>> {
+    if records.is_empty() || records.len() > MAX_RECORDS {
+        return Err(Error::validation(
+            "records",
+            format!("`records` must hold 1 to {MAX_RECORDS} objects"),
+        ));
+    }
+    if let Some(i) = records.iter().position(|r| !r.is_object()) {
+        return Err(Error::validation(
+            format!("records[{i}]"),
+            "each record must be a JSON object",
+        ));
+    }
+    Ok(records)
+}
+
+/// POSTs `payload` and describes what happened, success or failure, as
+/// export receipt `id` (sent as the request id too); shared by destination
+/// exports and proof-trail pushes.
+pub(super) async fn send(
+    id: String,
+    target: outbound::Target<'_>,
+    payload: Vec<u8>,
+    mut headers: Vec<(HeaderName, HeaderValue)>,
+    record_count: usize,
+    proof_trail_id: Option<String>,
+) -> Result<ExportReceipt> {
+    let request_id = crate::ids::new_id("req");
+    headers.push(outbound::header("x-opgraph-request-id", &request_id)?);
+    let mut receipt = ExportReceipt {
+        id,
+        destination: outbound::destination(target.url),
+        status: "failed".to_owned(),
+        request_id,
+        response_status: None,
+        external_id: None,
+        error: None,
+        payload_hash: sha256_hex(&payload),
+        record_count: u64::try_from(record_count).unwrap_or(u64::MAX),
+        created_at: crate::now_ms(),
+        proof_trail_id,
+    };
+    match outbound::post(target, Bytes::from(payload), &headers).await {
+        Ok(Answer { status, body }) => {
+            receipt.response_status = Some(status);
+            receipt.external_id = outbound::external_id(&body);
+            if (200..300).contains(&status) {
+                receipt.status = "succeeded".to_owned();
+            } else {
+                let text: String = String::from_utf8_lossy(&body).chars().take(200).collect();
+                receipt.error = Some(format!("HTTP {status}: {text}"));
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, export = %receipt.id, destination = %receipt.destination, "export failed");
+            receipt.error = Some(error);
+        }
+    }
+    Ok(receipt)
+}
+
+/// Export receipts, newest first.
+#[utoipa::path(
+    get, path = "/api/exports/receipts", tag = "exports",
+    params(("limit" = Option<u32>, Query, description = "Default 100, clamped to 1000")),
+    responses(
+        (status = 200, body = ExportReceiptList),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 429, body = ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn receipts(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(params): Query<HashMap<String, String>>,
+) -> Result<Json<ExportReceiptList>> {
+    principal.require(Scope::Read)?;
+    super::check_params(&params, &["limit"])?;
+    let limit = super::limit_of(&params)?;
+    let export_receipts =
+        state.store.list_export_receipts(&principal.workspace_id, None, limit).await?;
+    Ok(Json(ExportReceiptList { export_receipts }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_config_fields_are_all_named() {
+        let err = check_config("bigquery", &json!({"projectId": "p"})).unwrap_err();
+        let Error::Validation { field, message } = err else { panic!("{err:?}") };
+        assert_eq!(field.as_deref(), Some("config.datasetId"));
+        assert!(message.contains("`datasetId`, `tableId`"), "{message}");
+        let err = check_config("redshift", &json!({"database": "d", "table": "t", "region": "r"}));
+        assert!(format!("{:?}", err.unwrap_err()).contains("clusterId"));
+        assert!(
+            check_config(
+                "redshift",
+                &json!({"database": "d", "table": "t", "region": "r", "workgroup": "w"})
+            )
+            .is_ok()
+        );
+        assert!(check_config("ftp", &json!({})).is_err());
+        assert!(check_config("s3", &json!("bucket")).is_err());
+    }
+
+    #[test]
+    fn https_config_is_checked_field_by_field() {
+        let config = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let field = |v: Value| match endpoint(&config(v)) {
+            Err(Error::Validation { field, .. }) => field,
+            other => panic!("{:?}", other.map(|e| e.url)),
+        };
+        assert_eq!(field(json!({"url": "http://x.example/"})).as_deref(), Some("config.url"));
+        assert_eq!(
+            field(json!({"url": "https://x.example/", "sekret": "s"})).as_deref(),
+            Some("config.sekret")
+        );
+        assert_eq!(
+            field(json!({"url": "https://x.example/", "secret": ""})).as_deref(),
+            Some("config.secret")
+        );
+        let reserved =
+            json!({"url": "https://x.example/", "headers": {"X-Opgraph-Signature": "forged"}});
+        assert_eq!(field(reserved).as_deref(), Some("config.headers.X-Opgraph-Signature"));
+        let bad = json!({"url": "https://x.example/", "headers": {"a b": "v"}});
+        assert_eq!(field(bad).as_deref(), Some("config.headers.a b"));
+        let ok = endpoint(&config(
+            json!({"url": "https://x.example/in", "secret": "s", "headers": {"Authorization": "Bearer t"}}),
+        ));
+        let ok = ok.map_err(|e| e.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ok.headers.len(), 1);
+    }
+}

@@ -1,0 +1,240 @@
+//! Destination exports against the real binary: recent events and supplied
+//! records pushed to a local HTTPS endpoint, signed, with an export receipt
+//! for every push (201 when it succeeded, 502 when the destination
+//! failed), listed by `GET /api/exports/receipts`; and the requests that
+//! must be refused before anything is sent.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use opgraph_tests::backends::Backend;
+use opgraph_tests::{Cloud, both_backends, https_endpoint};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const SECRET: &str = "whsec-test-0123456789";
+
+fn client() -> Client {
+    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+async fn post(
+    client: &Client,
+    cloud: &Cloud,
+    key: &str,
+    path: &str,
+    body: &Value,
+) -> (StatusCode, Value) {
+    cloud.call(client, key, Method::POST, path, Some(body)).await
+}
+
+async fn get(client: &Client, cloud: &Cloud, key: &str, path: &str) -> (StatusCode, Value) {
+    cloud.call(client, key, Method::GET, path, None).await
+}
+
+/// HMAC-SHA256 as `openssl` computes it: a check independent of ours.
+fn openssl_hmac(key: &str, message: &[u8]) -> String {
+    let mut child = Command::new("openssl")
+        .args(["dgst", "-sha256", "-hmac", key, "-r"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("openssl (installed by deploy/scripts/install-test-deps.sh)");
+    child.stdin.take().unwrap().write_all(message).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
+}
+
+/// The value of header `name` in a request head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+async fn https_destination_pushes_and_records_receipts(backend: Backend) {
+    let endpoint = https_endpoint::start(vec![200, 500]).await;
+    let cloud = backend
+        .start(&[
+            ("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string()),
+            ("OPGRAPH_EXPORT_TIMEOUT", "5s".to_owned()),
+        ])
+        .await
+        .unwrap();
+    let (client, key) = (client(), cloud.key.clone());
+    for n in 0..3 {
+        let event =
+            json!({"event": "pallet.scanned", "actor": "dock-3", "object": format!("sscc:{n}")});
+        let (status, answer) = post(&client, &cloud, &key, "/api/ingest", &event).await;
+        assert!(status.is_success(), "{answer}");
+    }
+    let config = json!({"url": endpoint.url, "secret": SECRET, "headers": {"Authorization": "Bearer dest-token"}});
+
+    // Recent events: signed, counted, hashed, receipted.
+    let body = json!({"destination": "https", "config": config, "limit": 2});
+    let (status, pushed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{pushed}");
+    let receipt = pushed["exportReceipt"].clone();
+    assert_eq!(receipt["status"], "succeeded", "{receipt}");
+    assert_eq!(receipt["responseStatus"], 200);
+    assert_eq!(receipt["externalId"], "ext-0");
+    assert_eq!(receipt["recordCount"], 2);
+    assert!(receipt["id"].as_str().unwrap().starts_with("exp_"));
+    assert_eq!(
+        receipt["destination"],
+        endpoint.url.split('?').next().unwrap(),
+        "no query, no secret"
+    );
+    let (_, newest) = get(&client, &cloud, &key, "/api/events?limit=2").await;
+    {
+        let received = endpoint.received.lock().unwrap();
+        let (head, bytes) = &received[0];
+        let hash: String = Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(receipt["payloadHash"], hash.as_str(), "hash of the exact bytes sent");
+        let timestamp = header(head, "x-opgraph-timestamp").expect("timestamp header");
+        let signed = [timestamp.as_bytes(), b".", bytes].concat();
+        let signature = format!("sha256={}", openssl_hmac(SECRET, &signed));
+        assert_eq!(header(head, "x-opgraph-signature"), Some(signature.as_str()), "{head}");
+        assert_eq!(header(head, "authorization"), Some("Bearer dest-token"));
+        assert_eq!(header(head, "idempotency-key"), receipt["id"].as_str());
+        assert_eq!(header(head, "x-opgraph-request-id"), receipt["requestId"].as_str());
+        let packet: Value = serde_json::from_slice(bytes).unwrap();
+        assert_eq!(packet["source"], "events");
+        assert_eq!(packet["recordCount"], 2);
+        assert_eq!(
+            packet["records"], newest["events"],
+            "the two newest events, as the API lists them"
+        );
+    }
+
+    // Supplied records; the destination answers 500: 502 with the receipt.
+    let records =
+        json!([{"sku": "A-1", "qty": 3}, {"sku": "B-2", "qty": 1}, {"sku": "C-3", "qty": 7}]);
+    let body = json!({"destination": "https", "config": {"url": endpoint.url}, "records": records});
+    let (status, failed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    assert_eq!(failed["error"]["code"], "destination_failed");
+    let failure = failed["exportReceipt"].clone();
+    assert_eq!(failure["status"], "failed");
+    assert_eq!(failure["responseStatus"], 500);
+    assert_eq!(failure["recordCount"], 3);
+    assert!(failure["error"].as_str().unwrap().contains("HTTP 500"), "{failure}");
+    {
+        let received = endpoint.received.lock().unwrap();
+        let (head, bytes) = &received[1];
+        assert_eq!(header(head, "x-opgraph-signature"), None, "no secret, no signature");
+        let packet: Value = serde_json::from_slice(bytes).unwrap();
+        assert_eq!(packet["source"], "records");
+        assert_eq!(packet["records"], records);
+    }
+
+    // Both receipts, newest first, as they were answered.
+    let (status, listed) = get(&client, &cloud, &key, "/api/exports/receipts").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["exportReceipts"], json!([failure, receipt]));
+    let (_, one) = get(&client, &cloud, &key, "/api/exports/receipts?limit=1").await;
+    assert_eq!(one["exportReceipts"], json!([failure]));
+
+    // Nothing listening: a failed receipt without a response status.
+    endpoint.task.abort();
+    let (status, down) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{down}");
+    assert!(down["exportReceipt"].get("responseStatus").is_none_or(Value::is_null), "{down}");
+    assert!(!down["exportReceipt"]["error"].as_str().unwrap().is_empty());
+}
+
+async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
+    let endpoint = https_endpoint::start(vec![200]).await;
+    let cloud = backend
+        .start(&[("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string())])
+        .await
+        .unwrap();
+    let (client, key) = (client(), cloud.key.clone());
+    let url = endpoint.url.clone();
+    let cases = [
+        (json!({"destination": "ftp", "config": {}}), StatusCode::BAD_REQUEST, "destination"),
+        (
+            json!({"destination": "bigquery", "config": {"projectId": "p"}}),
+            StatusCode::BAD_REQUEST,
+            "config.datasetId",
+        ),
+        (
+            json!({"destination": "redshift", "config": {"database": "d", "table": "t", "region": "eu-west-1"}}),
+            StatusCode::BAD_REQUEST,
+            "config.clusterId",
+        ),
+        (json!({"destination": "s3", "config": "bucket"}), StatusCode::BAD_REQUEST, "config"),
+        (json!({"destination": "https", "config": {}}), StatusCode::BAD_REQUEST, "config.url"),
+        (
+            json!({"destination": "https", "config": {"url": url.replace("https://", "http://")}}),
+            StatusCode::BAD_REQUEST,
+            "config.url",
+        ),
+        (
+            json!({"destination": "https", "config": {"url": url, "headers": {"Content-Length": "1"}}}),
+            StatusCode::BAD_REQUEST,
+            "config.headers.Content-Length",
+        ),
+        (
+            json!({"destination": "https", "config": {"url": url}, "limit": 0}),
+            StatusCode::BAD_REQUEST,
+            "limit",
+        ),
+        (
+            json!({"destination": "https", "config": {"url": url}, "limit": 5, "records": [{}]}),
+            StatusCode::BAD_REQUEST,
+            "limit",
+        ),
+        (
+            json!({"destination": "https", "config": {"url": url}, "records": [{"a": 1}, 2]}),
+            StatusCode::BAD_REQUEST,
+            "records[1]",
+        ),
+        (
+            json!({"destination": "https", "config": {"url": url}, "records": []}),
+            StatusCode::BAD_REQUEST,
+            "records",
+        ),
+        (
+            json!({"destination": "https", "config": {"url": url}, "extra": 1}),
+            StatusCode::BAD_REQUEST,
+            "extra",
+        ),
+    ];
+    for (body, expected, field) in cases {
+        let (status, answer) =
+            post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+        assert_eq!(status, expected, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], "validation_failed", "{body}: {answer}");
+        assert_eq!(answer["error"]["field"], field, "{body}: {answer}");
+    }
+    // A warehouse or object store with a complete config: named, not done.
+    let s3 = json!({"destination": "s3", "config": {"bucket": "b", "region": "eu-west-1"}});
+    let (status, answer) = post(&client, &cloud, &key, "/api/exports/destinations", &s3).await;
+    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{answer}");
+    assert_eq!(answer["error"]["code"], "not_implemented");
+    // Without the `export` scope.
+    let (status, created) =
+        post(&client, &cloud, &key, "/api/keys", &json!({"name": "reader", "scopes": ["read"]}))
+            .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let reader = created["apiKey"].as_str().unwrap();
+    let ok = json!({"destination": "https", "config": {"url": url}});
+    let (status, answer) = post(&client, &cloud, reader, "/api/exports/destinations", &ok).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+
+    assert!(endpoint.received.lock().unwrap().is_empty(), "a refused export sent something");
+    let (_, listed) = get(&client, &cloud, &key, "/api/exports/receipts").await;
+    assert_eq!(listed["exportReceipts"], json!([]), "a refused export left a receipt");
+    let (status, answer) = get(&client, &cloud, &key, "/api/exports/receipts?limt=5").await;
+    assert_eq!((status, &answer["error"]["field"]), (StatusCode::BAD_REQUEST, &json!("limt")));
+}
+
+both_backends!(
+    https_destination_pushes_and_records_receipts,
+    bad_exports_are_refused_and_send_nothing
+);
