@@ -154,7 +154,7 @@ pub async fn run(args: SiteArgs) -> Result<()> {
     let scanner = tokio::spawn(logged("barcode scanner", crate::barcode::run(scanner)));
 
     banner(&args, &key);
-    report(&args, &stop).await;
+    report(&args, &key, &stop).await;
 
     // Ctrl-C reached the device simulators too; the gateway flushes to the
     // cloud before the cloud stops.
@@ -370,17 +370,19 @@ fn banner(args: &SiteArgs, key: &str) {
 }
 
 /// Prints the live count every two seconds until `stop`.
-async fn report(args: &SiteArgs, stop: &CancellationToken) {
+async fn report(args: &SiteArgs, key: &str, stop: &CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = stop.cancelled() => return,
         }
-        let stored = get(args.http, "/metrics")
+        // The cloud's series are the operator's; the site's key is its
+        // bootstrap key.
+        let stored = get(args.http, "/metrics", Some(key))
             .await
             .map(|m| metric_sum(&m, "opgraph_events_ingested_total"));
-        let health = get(args.gateway_http, "/health").await;
+        let health = get(args.gateway_http, "/health", None).await;
         let buffered = health
             .as_deref()
             .and_then(|h| serde_json::from_str::<serde_json::Value>(h).ok())
@@ -407,10 +409,12 @@ fn metric_sum(text: &str, name: &str) -> f64 {
 }
 
 /// A plain HTTP/1.1 GET on loopback; the body, or `None`.
-async fn get(addr: SocketAddr, path: &str) -> Option<String> {
+async fn get(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<String> {
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await.ok()?;

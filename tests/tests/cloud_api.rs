@@ -467,7 +467,16 @@ async fn health_openapi_and_metrics() {
 
     send(&client, &cloud, &cloud.key, &json!({"event": "a"})).await;
     send(&client, &cloud, &cloud.key, &json!({"event": ""})).await;
-    let text = client.get(cloud.at("/metrics")).send().await.unwrap().text().await.unwrap();
+    // The node's series are the operator's: no credential, or a
+    // workspace's own admin key, is refused.
+    let response = client.get(cloud.at("/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let (admin, _) = new_key(&client, &cloud, &cloud.key, json!(["admin", "read"])).await;
+    let (status, body) = get(&client, &cloud, &admin, "/metrics").await;
+    assert_eq!((status, error_code(&body)), (StatusCode::FORBIDDEN, "forbidden"));
+    let response = client.get(cloud.at("/metrics")).bearer_auth(&cloud.key).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.text().await.unwrap();
     assert!(text.contains("opgraph_events_ingested_total{source=\"http\"} 1"), "{text}");
     assert!(
         text.contains("opgraph_ingest_rejections_total{reason=\"validation_failed\"} 1"),

@@ -316,8 +316,16 @@ async fn grpc_refuses_bad_credentials_and_bad_batches() {
     assert_eq!((acks[0].status, acks[0].acked_sequence), (OK, 1));
     assert_eq!(stored_ids(&cloud).await, ids([1, 3, 100]));
 
-    let metrics =
-        cloud.http().get(cloud.at("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = cloud
+        .http()
+        .get(cloud.at("/metrics"))
+        .bearer_auth(&cloud.key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(metrics.contains("reason=\"batch_rejected\"} 6"), "{metrics}");
     assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
 }

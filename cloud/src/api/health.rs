@@ -1,5 +1,6 @@
 //! `GET /api/health` (readiness, no credential) and `GET /metrics`
-//! (Prometheus). Health reports what is configured, never a secret's value.
+//! (Prometheus, for the deployment's operator). Health reports what is
+//! configured, never a secret's value.
 
 use std::collections::HashMap;
 
@@ -12,6 +13,7 @@ use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use super::AppState;
+use crate::auth::{Principal, Scope};
 use crate::config::StoreKind;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -133,16 +135,27 @@ pub async fn health(
     (code, Json(report))
 }
 
-/// Prometheus text exposition.
+/// Prometheus text exposition. The series are the node's, across every
+/// workspace, so they are the operator's (the bootstrap key's `operator`
+/// scope), not any workspace's.
 #[utoipa::path(
     get,
     path = "/metrics",
     tag = "operations",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain")),
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain"),
+        (status = 401, body = crate::error::ErrorBody),
+        (status = 403, description = "The credential lacks the `operator` scope", body = crate::error::ErrorBody),
+    ),
+    security(("bearer" = []))
 )]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
+pub async fn metrics(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> crate::error::Result<impl IntoResponse> {
+    principal.require(Scope::Operator)?;
+    Ok((
         [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
         state.metrics.render(),
-    )
+    ))
 }
