@@ -616,8 +616,20 @@ async fn decisions_grants_contracts_and_plans_crud(backend: Backend) {
     let (status, body) = get(&client, &cloud, key, &format!("/api/tracking-plans/{plan}")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["trackingPlan"]["events"][1]["event"], "refund.issued");
+    // A name and a vertical are enough to start a plan (spec 2.1).
+    let bare = create(
+        &client,
+        &cloud,
+        key,
+        "/api/tracking-plans",
+        "trackingPlan",
+        &json!({"name": "Dock robots", "vertical": "warehouse"}),
+    )
+    .await;
+    let (_, body) = get(&client, &cloud, key, &format!("/api/tracking-plans/{bare}")).await;
+    assert_eq!(body["trackingPlan"]["events"], json!([]));
     let (_, list) = get(&client, &cloud, key, "/api/tracking-plans").await;
-    assert_eq!(list["trackingPlans"].as_array().unwrap().len(), 1);
+    assert_eq!(list["trackingPlans"].as_array().unwrap().len(), 2);
     let (status, answer) = post(
         &client,
         &cloud,

@@ -27,7 +27,10 @@ pub struct CreateTrackingPlan {
     pub name: String,
     /// The industry or domain, e.g. `ecommerce`, `warehouse`, `fleet`.
     pub vertical: String,
-    /// 1 to 500 event names, or objects with a string `event`.
+    /// Up to 500 event names, or objects with a string `event`. A plan may
+    /// start with a name and a vertical alone (as the spec's CLI makes one)
+    /// and be filled in later.
+    #[serde(default)]
     #[schema(value_type = Vec<Object>)]
     pub events: Vec<Value>,
     pub description: Option<String>,
@@ -46,10 +49,10 @@ pub struct TrackingPlanList {
 }
 
 fn check_events(events: &[Value]) -> Result<()> {
-    if events.is_empty() || events.len() > MAX_EVENTS {
+    if events.len() > MAX_EVENTS {
         return Err(Error::validation(
             "events",
-            format!("`events` must hold 1 to {MAX_EVENTS} entries"),
+            format!("`events` must hold at most {MAX_EVENTS} entries"),
         ));
     }
     for (i, entry) in events.iter().enumerate() {
