@@ -76,6 +76,27 @@ fn opgraph_cloud_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
+/// Batches hold at most 1000 envelopes, and lists at most 1000 entries
+/// however many are asked for: both need more than 1000 events to show.
+#[tokio::test]
+async fn batches_and_lists_are_bounded_at_1000() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let client = cloud.http();
+    let batch = |n: usize| json!({"batch": vec![json!({"event": "tick"}); n]});
+    let (status, answer) = send(&client, &cloud, &cloud.key, &batch(1001)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["field"], "batch");
+    let (_, none) = get(&client, &cloud, &cloud.key, "/api/events").await;
+    assert_eq!(none["events"], json!([]), "a refused batch stored something");
+    for n in [1000, 5] {
+        let (status, answer) = send(&client, &cloud, &cloud.key, &batch(n)).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    }
+    let (status, listed) = get(&client, &cloud, &cloud.key, "/api/events?limit=5000").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["events"].as_array().unwrap().len(), 1000, "clamped to 1000");
+}
+
 #[tokio::test]
 async fn list_filters_orders_and_limits() {
     let cloud = Cloud::start(&[]).await.unwrap();
@@ -140,6 +161,7 @@ async fn invalid_input_gets_the_error_shape_and_stores_nothing() {
         (json!({"event": "a", "colour": "red"}), "colour"),
         (json!({"batch": [{"event": "ok"}, {"trustTier": "T1"}]}), "batch[1].event"),
         (json!({"event": "a", "entity": {"id": "x"}}), "entity.type"),
+        (json!({"event": "a", "timestamp": opgraph_cloud_now() + 2 * 86_400_000}), "timestamp"),
     ];
     for (body, field) in cases {
         let (status, answer) = send(&client, &cloud, &cloud.key, &body).await;
@@ -177,6 +199,16 @@ async fn invalid_input_gets_the_error_shape_and_stores_nothing() {
     let (status, answer) = send(&reqwest::Client::new(), &cloud, &cloud.key, &big).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(error_code(&answer), "payload_too_large");
+    // The same bound on every route with a body, not only ingest.
+    let response = reqwest::Client::new()
+        .post(cloud.at("/api/governance/enforce"))
+        .bearer_auth(&cloud.key)
+        .json(&big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(error_code(&response.json().await.unwrap()), "payload_too_large");
     // Too large, streamed without a length.
     let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
         (0..10).map(|_| Ok(vec![b' '; 1024])).collect();
