@@ -27,7 +27,8 @@
 //!   aggregates of the store's `QueryStore` part, which
 //!   `api::{metrics, queries, intelligence, graphql}` drive.
 //! - [`outbound`] makes one HTTPS `POST` to a customer's endpoint: proof
-//!   trails pushed to the external proof service, destination exports.
+//!   trails pushed to the external proof service, destination exports
+//!   ([`sigv4`] signs those to S3).
 //! - [`telemetry`] holds the Prometheus metrics; [`ids`] makes identifiers.
 
 pub mod api;
@@ -41,6 +42,7 @@ pub mod intelligence;
 pub mod outbound;
 pub mod receiver;
 pub mod server;
+pub mod sigv4;
 pub mod store;
 pub mod telemetry;
 pub mod tls_client;

@@ -1,4 +1,4 @@
-//! One HTTPS `POST` to an endpoint a customer runs: the external proof
+//! One HTTPS request (a `POST`, or an S3 `PUT`) to an endpoint a customer runs: the external proof
 //! service (`pushToExternalProof`) and destination exports. rustls (ring)
 //! and hyper, bounded by a timeout, never retried here (the export receipt
 //! records the failure; the caller may send again).
@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::Request;
 use hyper::header::{CONTENT_TYPE, HOST, HeaderName, HeaderValue};
+use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
@@ -44,6 +44,15 @@ pub struct Answer {
     pub body: Bytes,
 }
 
+/// The `Host` header for `url`: the host, and the port when the URL names
+/// one (what a signature over `Host` must use too).
+pub fn authority(url: &url::Url) -> String {
+    match url.port() {
+        Some(p) => format!("{}:{p}", url.host_str().unwrap_or("")),
+        None => url.host_str().unwrap_or("").to_owned(),
+    }
+}
+
 /// A header of ours: `name` lower-case, `value` one we made (ids, hex,
 /// digits), so a failure is a bug, answered as 500.
 pub fn header(name: &'static str, value: &str) -> crate::error::Result<(HeaderName, HeaderValue)> {
@@ -65,11 +74,12 @@ pub fn destination(url: &str) -> String {
     }
 }
 
-/// POSTs `payload` (JSON) with `headers` to `target`; `Err` is a sentence
+/// Sends `payload` (JSON) with `headers` to `target`; `Err` is a sentence
 /// for the export receipt (no answer came, or the endpoint is unusable).
-/// `Host` and `Content-Type` are set here.
-pub async fn post(
+/// `Host` (see [`authority`]) and `Content-Type` are set here.
+pub async fn send(
     target: Target<'_>,
+    method: Method,
     payload: Bytes,
     headers: &[(HeaderName, HeaderValue)],
 ) -> Result<Answer, String> {
@@ -86,15 +96,18 @@ pub async fn post(
     .await
     .map_err(|e| e.to_string())??;
     let timeout = target.timeout;
-    tokio::time::timeout(timeout, exchange(&url, setting, tls, payload, headers)).await.map_err(
-        |_| format!("timed out after {}", humantime_serde::re::humantime::format_duration(timeout)),
-    )?
+    tokio::time::timeout(timeout, exchange(&url, setting, tls, method, payload, headers))
+        .await
+        .map_err(|_| {
+            format!("timed out after {}", humantime_serde::re::humantime::format_duration(timeout))
+        })?
 }
 
 async fn exchange(
     url: &url::Url,
     setting: &str,
     tls: rustls::ClientConfig,
+    method: Method,
     payload: Bytes,
     headers: &[(HeaderName, HeaderValue)],
 ) -> Result<Answer, String> {
@@ -125,11 +138,10 @@ async fn exchange(
         Some(q) => format!("{}?{q}", url.path()),
         None => url.path().to_owned(),
     };
-    let authority = match url.port() {
-        Some(p) => format!("{}:{p}", url.host_str().unwrap_or("")),
-        None => url.host_str().unwrap_or("").to_owned(),
-    };
-    let mut request = Request::post(path)
+    let authority = authority(url);
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
         .header(HOST, HeaderValue::from_str(&authority).map_err(|e| e.to_string())?)
         .header(CONTENT_TYPE, "application/json");
     for (name, value) in headers {
@@ -193,10 +205,10 @@ mod tests {
             ca_file: None,
             timeout: Duration::from_secs(5),
         };
-        let err = post(target, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
+        let err = send(target, Method::POST, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
         assert!(err.contains("connect"), "{err}");
         let plain = Target { url: "http://127.0.0.1:1/", ..target };
-        let err = post(plain, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
+        let err = send(plain, Method::POST, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
         assert_eq!(err, "governance.proof_url must be https");
     }
 }

@@ -53,10 +53,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
-# chdb embeds current ClickHouse in Python: a test runs every statement the
-# ClickHouse store sent to Debian's 18.16 on it too. It comes from PyPI.
-if ! python3 -c 'import chdb' >/dev/null 2>&1; then
-  echo "installing test dependency: chdb (PyPI)"
+# From PyPI: chdb embeds current ClickHouse in Python (a test runs every
+# statement the ClickHouse store sent to Debian's 18.16 on it too);
+# botocore is AWS's own request signer, which the S3 export's signature is
+# checked against.
+if ! python3 -c 'import chdb, botocore' >/dev/null 2>&1; then
+  echo "installing test dependencies: chdb, botocore (PyPI)"
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -64,6 +66,6 @@ if ! python3 -c 'import chdb' >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends python3-pip
   fi
   # A Debian-managed Python refuses plain pip installs (PEP 668).
-  python3 -m pip install --quiet chdb 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages chdb
+  python3 -m pip install --quiet chdb botocore 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages chdb botocore
 fi

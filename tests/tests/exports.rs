@@ -168,6 +168,22 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
             "config.clusterId",
         ),
         (json!({"destination": "s3", "config": "bucket"}), StatusCode::BAD_REQUEST, "config"),
+        (
+            json!({"destination": "s3", "config": {"bucket": "b"}}),
+            StatusCode::BAD_REQUEST,
+            "config.accessKeyId",
+        ),
+        (
+            json!({"destination": "s3", "config": {"bucket": "No_Such", "accessKeyId": "A", "secretAccessKey": "s"}}),
+            StatusCode::BAD_REQUEST,
+            "config.bucket",
+        ),
+        (
+            json!({"destination": "s3", "config": {"bucket": "bkt", "accessKeyId": "A", "secretAccessKey": "s",
+                "endpoint": url}}),
+            StatusCode::BAD_REQUEST,
+            "config.endpoint",
+        ),
         (json!({"destination": "https", "config": {}}), StatusCode::BAD_REQUEST, "config.url"),
         (
             json!({"destination": "https", "config": {"url": url.replace("https://", "http://")}}),
@@ -213,8 +229,8 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
         assert_eq!(answer["error"]["field"], field, "{body}: {answer}");
     }
     // A warehouse or object store with a complete config: named, not done.
-    let s3 = json!({"destination": "s3", "config": {"bucket": "b", "region": "eu-west-1"}});
-    let (status, answer) = post(&client, &cloud, &key, "/api/exports/destinations", &s3).await;
+    let gcs = json!({"destination": "gcs", "config": {"bucket": "b"}});
+    let (status, answer) = post(&client, &cloud, &key, "/api/exports/destinations", &gcs).await;
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{answer}");
     assert_eq!(answer["error"]["code"], "not_implemented");
     // Without the `export` scope.
@@ -232,6 +248,78 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
     assert_eq!(listed["exportReceipts"], json!([]), "a refused export left a receipt");
     let (status, answer) = get(&client, &cloud, &key, "/api/exports/receipts?limt=5").await;
     assert_eq!((status, &answer["error"]["field"]), (StatusCode::BAD_REQUEST, &json!("limt")));
+}
+
+/// The signature botocore (AWS's own Python SDK) computes for the same
+/// S3 `PUT`: an implementation independent of ours.
+fn botocore_authorization(url: &str, amz_date: &str, body: &[u8]) -> String {
+    const SCRIPT: &str = r#"
+import hashlib, sys
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+url, amz_date, region, key_id, secret = sys.argv[1:6]
+body = sys.stdin.buffer.read()
+request = AWSRequest(method="PUT", url=url, data=body, headers={
+    "Content-Type": "application/json", "X-Amz-Date": amz_date,
+    "X-Amz-Content-SHA256": hashlib.sha256(body).hexdigest()})
+request.context["timestamp"] = amz_date
+auth = S3SigV4Auth(Credentials(key_id, secret), "s3", region)
+signature = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
+signed = auth.signed_headers(auth.headers_to_sign(request))
+print(f"AWS4-HMAC-SHA256 Credential={auth.scope(request)}, SignedHeaders={signed}, Signature={signature}")
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", SCRIPT, url, amz_date, "eu-central-1", S3_KEY_ID, S3_SECRET])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child.stdin.take().unwrap().write_all(body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "botocore (installed by deploy/scripts/install-test-deps.sh)");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+const S3_KEY_ID: &str = "AKIAOPGRAPHTEST00001";
+const S3_SECRET: &str = "s3cr3t/OPGRAPH+test/0123456789abcdefghij";
+
+/// S3 on an S3-compatible endpoint (path-style): one signed `PUT` of the
+/// export as an object under the prefix, the object named in the receipt.
+#[tokio::test]
+async fn s3_destination_puts_one_signed_object() {
+    let endpoint = https_endpoint::start(vec![200, 403]).await;
+    let cloud = Backend::Embedded
+        .start(&[("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string())])
+        .await
+        .unwrap();
+    let (client, key) = (client(), cloud.key.clone());
+    let base = endpoint.url.split("/v1/").next().unwrap().to_owned();
+    let config = json!({"bucket": "opgraph-exports", "region": "eu-central-1", "prefix": "site a/",
+        "endpoint": base, "accessKeyId": S3_KEY_ID, "secretAccessKey": S3_SECRET});
+    let records = json!([{"sku": "A-1"}]);
+    let body = json!({"destination": "s3", "config": config, "records": records});
+    let (status, pushed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{pushed}");
+    let receipt = &pushed["exportReceipt"];
+    let id = receipt["id"].as_str().unwrap();
+    let object = format!("s3://opgraph-exports/site a/{id}.json");
+    assert_eq!(receipt["externalId"], object.as_str());
+    let path = format!("/opgraph-exports/site%20a/{id}.json");
+    assert_eq!(receipt["destination"], format!("{base}{path}"));
+    let (head, bytes) = endpoint.received.lock().unwrap()[0].clone();
+    assert!(head.starts_with(&format!("PUT {path} HTTP/1.1\r\n")), "{head}");
+    let packet: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(packet["records"], records);
+    let amz_date = header(&head, "x-amz-date").expect("x-amz-date");
+    let expected = botocore_authorization(&format!("{base}{path}"), amz_date, &bytes);
+    assert_eq!(header(&head, "authorization"), Some(expected.as_str()), "{head}");
+
+    // The store refuses (403): 502, the receipt says so, no object named.
+    let (status, failed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    assert_eq!(failed["exportReceipt"]["responseStatus"], 403);
+    assert_ne!(failed["exportReceipt"]["externalId"], object.as_str(), "no object claimed");
 }
 
 both_backends!(

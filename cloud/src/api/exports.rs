@@ -4,9 +4,10 @@
 //! `docs/exports.md`.
 //!
 //! Every destination's configuration is checked, so a missing field is a
-//! 400 naming it whichever kind is asked for; of the kinds the contract
-//! names, the custom HTTPS endpoint is the one implemented so far, the
-//! warehouses and object stores answer 501.
+//! 400 naming it whichever kind is asked for. Of the kinds the contract
+//! names, the custom HTTPS endpoint (a signed `POST`) and S3 (a `PUT` of
+//! one object, signed with [`sigv4`], to AWS or any S3-compatible store)
+//! are implemented; the warehouses and GCS answer 501.
 
 use std::collections::HashMap;
 
@@ -15,6 +16,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use hyper::Method;
 use hyper::header::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -26,6 +28,7 @@ use crate::auth::{Principal, Scope};
 use crate::error::{Error, ErrorDetail, Result};
 use crate::governance::hash::{hmac_sha256, sha256_hex};
 use crate::outbound::{self, Answer};
+use crate::sigv4;
 use crate::store::EventFilter;
 use crate::store::governance::ExportReceipt;
 
@@ -76,13 +79,19 @@ pub struct ExportReceiptList {
     pub export_receipts: Vec<ExportReceipt>,
 }
 
+/// Where a push goes, checked.
+enum Destination {
+    Https(Endpoint),
+    S3(Bucket),
+}
+
 /// The destination kinds of the contract and the config fields each needs
 /// (`redshift` needs one of `clusterId` and `workgroup` besides).
 const KINDS: [(&str, &[&str]); 6] = [
     ("bigquery", &["projectId", "datasetId", "tableId"]),
     ("snowflake", &["account", "database", "schema", "table"]),
     ("redshift", &["database", "table", "region"]),
-    ("s3", &["bucket"]),
+    ("s3", &["bucket", "accessKeyId", "secretAccessKey"]),
     ("gcs", &["bucket"]),
     ("https", &["url"]),
 ];
@@ -92,6 +101,30 @@ struct Endpoint {
     url: String,
     secret: Option<String>,
     headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// An `s3` destination, checked.
+struct Bucket {
+    name: String,
+    /// Object keys start with it.
+    prefix: String,
+    /// An S3-compatible store (`https://host[:port]`, path-style); `None`:
+    /// AWS, virtual-hosted.
+    endpoint: Option<String>,
+    credentials: sigv4::Credentials,
+}
+
+impl Bucket {
+    /// The object `key`'s URL.
+    fn url(&self, key: &str) -> String {
+        let key = sigv4::encode_path(key);
+        match &self.endpoint {
+            Some(endpoint) => format!("{}/{}/{key}", endpoint.trim_end_matches('/'), self.name),
+            None => {
+                format!("https://{}.s3.{}.amazonaws.com/{key}", self.name, self.credentials.region)
+            }
+        }
+    }
 }
 
 /// Checks `config` for `destination`: every required field a non-empty
@@ -164,6 +197,86 @@ fn endpoint(config: &Map<String, Value>) -> Result<Endpoint> {
     Ok(Endpoint { url: url.to_owned(), secret, headers })
 }
 
+/// The `s3` destination's `{bucket, accessKeyId, secretAccessKey,
+/// sessionToken?, region?, prefix?, endpoint?}`.
+fn bucket(config: &Map<String, Value>) -> Result<Bucket> {
+    const KEYS: [&str; 7] = [
+        "bucket",
+        "accessKeyId",
+        "secretAccessKey",
+        "sessionToken",
+        "region",
+        "prefix",
+        "endpoint",
+    ];
+    if let Some(unknown) = config.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(Error::validation(
+            format!("config.{unknown}"),
+            format!("unknown field `{unknown}`; the s3 destination takes {}", KEYS.join(", ")),
+        ));
+    }
+    let text = |name: &str| config.get(name).and_then(Value::as_str).map(str::trim);
+    let name = text("bucket").unwrap_or_default();
+    let valid_bucket = (3..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+    if !valid_bucket {
+        return Err(Error::validation(
+            "config.bucket",
+            "an S3 bucket name is 3 to 63 lower-case letters, digits, dots and hyphens",
+        ));
+    }
+    let region = text("region").unwrap_or("us-east-1");
+    if region.is_empty()
+        || region.len() > 32
+        || !region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(Error::validation("config.region", "a region looks like `eu-west-1`"));
+    }
+    let prefix = text("prefix").unwrap_or_default();
+    if prefix.len() > 512 || prefix.starts_with('/') {
+        return Err(Error::validation(
+            "config.prefix",
+            "a prefix is at most 512 bytes, without a leading `/`",
+        ));
+    }
+    let endpoint = match text("endpoint") {
+        None => None,
+        Some(raw) => match url::Url::parse(raw) {
+            Ok(u)
+                if u.scheme() == "https"
+                    && u.host().is_some()
+                    && u.path() == "/"
+                    && u.query().is_none() =>
+            {
+                Some(raw.trim_end_matches('/').to_owned())
+            }
+            _ => {
+                return Err(Error::validation(
+                    "config.endpoint",
+                    "`config.endpoint` must be https://host[:port] (an S3-compatible store)",
+                ));
+            }
+        },
+    };
+    // Sent in headers: anything a header cannot carry is the caller's error.
+    let header_text = |name: &str| -> Result<Option<String>> {
+        match text(name) {
+            Some(v) if HeaderValue::from_str(v).is_ok() && !v.is_empty() => Ok(Some(v.to_owned())),
+            None => Ok(None),
+            Some(_) => Err(Error::validation(format!("config.{name}"), "must be printable ASCII")),
+        }
+    };
+    let credentials = sigv4::Credentials {
+        access_key_id: header_text("accessKeyId")?.unwrap_or_default(),
+        secret_access_key: text("secretAccessKey").unwrap_or_default().to_owned(),
+        session_token: header_text("sessionToken")?,
+        region: region.to_owned(),
+    };
+    Ok(Bucket { name: name.to_owned(), prefix: prefix.to_owned(), endpoint, credentials })
+}
+
 /// One extra header; those the request itself sets are refused.
 fn header(name: &str, value: &Value) -> Result<(HeaderName, HeaderValue)> {
     let field = format!("config.headers.{name}");
@@ -211,11 +324,12 @@ pub async fn push(
     principal.require(Scope::Export)?;
     let input: DestinationExport = parse_body(body)?;
     let kind = check_config(input.destination.trim(), &input.config)?;
-    let endpoint = match (kind, input.config.as_object()) {
-        ("https", Some(config)) => endpoint(config)?,
+    let destination = match (kind, input.config.as_object()) {
+        ("https", Some(config)) => Destination::Https(endpoint(config)?),
+        ("s3", Some(config)) => Destination::S3(bucket(config)?),
         _ => {
             return Err(Error::NotImplemented(format!(
-                "the {kind} destination is not implemented yet; `https` is"
+                "the {kind} destination is not implemented yet; `https` and `s3` are"
             )));
         }
     };
@@ -247,24 +361,52 @@ pub async fn push(
         "source": source, "recordCount": count, "records": records,
     }))
     .map_err(Error::internal)?;
-    let mut headers = endpoint.headers;
-    let timestamp = now.to_string();
-    if let Some(secret) = &endpoint.secret {
-        // Over the timestamp too, so that a captured request cannot be
-        // replayed later with a fresh one.
-        let signed = [timestamp.as_bytes(), b".", &payload].concat();
-        let signature = crate::ids::hex(&hmac_sha256(secret.as_bytes(), &signed));
-        headers.push(outbound::header("x-opgraph-signature", &format!("sha256={signature}"))?);
-    }
-    headers.push(outbound::header("x-opgraph-timestamp", &timestamp)?);
-    headers.push(outbound::header("idempotency-key", &id)?);
+    let (method, url, headers, object) = match destination {
+        Destination::Https(endpoint) => {
+            let mut headers = endpoint.headers;
+            let timestamp = now.to_string();
+            if let Some(secret) = &endpoint.secret {
+                // Over the timestamp too, so that a captured request cannot
+                // be replayed later with a fresh one.
+                let signed = [timestamp.as_bytes(), b".", &payload].concat();
+                let signature = crate::ids::hex(&hmac_sha256(secret.as_bytes(), &signed));
+                headers
+                    .push(outbound::header("x-opgraph-signature", &format!("sha256={signature}"))?);
+            }
+            headers.push(outbound::header("x-opgraph-timestamp", &timestamp)?);
+            headers.push(outbound::header("idempotency-key", &id)?);
+            (Method::POST, endpoint.url, headers, None)
+        }
+        Destination::S3(bucket) => {
+            let key = format!("{}{id}.json", bucket.prefix);
+            let url = bucket.url(&key);
+            let parsed = url::Url::parse(&url).map_err(Error::internal)?;
+            let signed = sigv4::sign_put(
+                &bucket.credentials,
+                &outbound::authority(&parsed),
+                parsed.path(),
+                "application/json",
+                &payload,
+                now,
+            );
+            let headers = signed
+                .iter()
+                .map(|(name, value)| outbound::header(name, value))
+                .collect::<Result<Vec<_>>>()?;
+            (Method::PUT, url, headers, Some(format!("s3://{}/{key}", bucket.name)))
+        }
+    };
     let target = outbound::Target {
-        setting: "config.url",
-        url: &endpoint.url,
+        setting: if object.is_some() { "config.endpoint" } else { "config.url" },
+        url: &url,
         ca_file: state.config.exports.ca_file.as_deref(),
         timeout: state.config.exports.timeout,
     };
-    let receipt = send(id, target, payload, headers, count, None).await?;
+    let mut receipt = deliver(id, target, method, payload, headers, count, None).await?;
+    if receipt.status == "succeeded" && object.is_some() {
+        // S3 answers with an empty body: the object is what it keeps.
+        receipt.external_id = object;
+    }
     state.store.insert_export_receipt(ws, &receipt).await?;
     if receipt.status == "succeeded" {
         return Ok(
@@ -295,12 +437,13 @@ fn supplied(records: Vec<Value>) -> Result<Vec<Value>> {
     Ok(records)
 }
 
-/// POSTs `payload` and describes what happened, success or failure, as
-/// export receipt `id` (sent as the request id too); shared by destination
-/// exports and proof-trail pushes.
-pub(super) async fn send(
+/// Sends `payload` and describes what happened, success or failure, as
+/// export receipt `id`; shared by destination exports and proof-trail
+/// pushes.
+pub(super) async fn deliver(
     id: String,
     target: outbound::Target<'_>,
+    method: Method,
     payload: Vec<u8>,
     mut headers: Vec<(HeaderName, HeaderValue)>,
     record_count: usize,
@@ -321,7 +464,7 @@ pub(super) async fn send(
         created_at: crate::now_ms(),
         proof_trail_id,
     };
-    match outbound::post(target, Bytes::from(payload), &headers).await {
+    match outbound::send(target, method, Bytes::from(payload), &headers).await {
         Ok(Answer { status, body }) => {
             receipt.response_status = Some(status);
             receipt.external_id = outbound::external_id(&body);

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -271,8 +271,17 @@ async fn push(state: &AppState, ws: &str, trail: &ProofTrail) -> Result<ExportRe
     };
     let headers = vec![outbound::header("idempotency-key", &trail.id)?];
     let id = crate::ids::new_id("exp");
-    super::exports::send(id, target, payload, headers, trail.items.len(), Some(trail.id.clone()))
-        .await
+    let count = trail.items.len();
+    super::exports::deliver(
+        id,
+        target,
+        Method::POST,
+        payload,
+        headers,
+        count,
+        Some(trail.id.clone()),
+    )
+    .await
 }
 
 /// List proof trails, newest first (without their items).
