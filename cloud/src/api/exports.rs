@@ -157,16 +157,21 @@ fn check_config(destination: &str, config: &Value) -> Result<&'static str> {
     Ok(kind)
 }
 
+/// Refuses a `config` field the `kind` destination does not take: a
+/// misspelt optional field would otherwise be dropped without a word.
+fn only_known(config: &Map<String, Value>, kind: &str, known: &[&str]) -> Result<()> {
+    match config.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(unknown) => Err(Error::validation(
+            format!("config.{unknown}"),
+            format!("unknown field `{unknown}`; the {kind} destination takes {}", known.join(", ")),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The `https` destination's `{url, secret?, headers?}`.
 fn endpoint(config: &Map<String, Value>) -> Result<Endpoint> {
-    if let Some(unknown) =
-        config.keys().find(|k| !["url", "secret", "headers"].contains(&k.as_str()))
-    {
-        return Err(Error::validation(
-            format!("config.{unknown}"),
-            format!("unknown field `{unknown}`; the https destination takes url, secret, headers"),
-        ));
-    }
+    only_known(config, "https", &["url", "secret", "headers"])?;
     let url = config.get("url").and_then(Value::as_str).unwrap_or_default().trim();
     match url::Url::parse(url) {
         Ok(parsed) if parsed.scheme() == "https" && parsed.host().is_some() => {}
@@ -200,21 +205,19 @@ fn endpoint(config: &Map<String, Value>) -> Result<Endpoint> {
 /// The `s3` destination's `{bucket, accessKeyId, secretAccessKey,
 /// sessionToken?, region?, prefix?, endpoint?}`.
 fn bucket(config: &Map<String, Value>) -> Result<Bucket> {
-    const KEYS: [&str; 7] = [
-        "bucket",
-        "accessKeyId",
-        "secretAccessKey",
-        "sessionToken",
-        "region",
-        "prefix",
-        "endpoint",
-    ];
-    if let Some(unknown) = config.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(Error::validation(
-            format!("config.{unknown}"),
-            format!("unknown field `{unknown}`; the s3 destination takes {}", KEYS.join(", ")),
-        ));
-    }
+    only_known(
+        config,
+        "s3",
+        &[
+            "bucket",
+            "accessKeyId",
+            "secretAccessKey",
+            "sessionToken",
+            "region",
+            "prefix",
+            "endpoint",
+        ],
+    )?;
     let text = |name: &str| config.get(name).and_then(Value::as_str).map(str::trim);
     let name = text("bucket").unwrap_or_default();
     let valid_bucket = (3..=63).contains(&name.len())
