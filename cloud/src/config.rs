@@ -219,11 +219,21 @@ pub struct ExportsConfig {
     /// most `5min`. Env `OPGRAPH_EXPORT_TIMEOUT`.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// Let exports reach loopback, private, link-local and other
+    /// non-public addresses. Off by default: the destination URL comes
+    /// from an API caller, who must not reach the cloud's own network
+    /// through it. Turn on for destinations inside your network (and in
+    /// tests). Env `OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS` (`true`/`false`).
+    pub allow_private_networks: bool,
 }
 
 impl Default for ExportsConfig {
     fn default() -> Self {
-        ExportsConfig { ca_file: None, timeout: Duration::from_secs(30) }
+        ExportsConfig {
+            ca_file: None,
+            timeout: Duration::from_secs(30),
+            allow_private_networks: false,
+        }
     }
 }
 
@@ -357,6 +367,10 @@ impl Config {
         }
         if let Some(v) = env("OPGRAPH_EXPORT_CA_FILE") {
             self.exports.ca_file = Some(PathBuf::from(v));
+        }
+        if let Some(v) = env("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS") {
+            self.exports.allow_private_networks =
+                parsed("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", v)?;
         }
         if let Some(v) = env("OPGRAPH_EXPORT_TIMEOUT") {
             self.exports.timeout = humantime_serde::re::humantime::parse_duration(v.trim())

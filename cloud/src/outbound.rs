@@ -8,7 +8,7 @@
 //! (or, with a CA file, only that CA) are read each time: pushes are rare
 //! and this keeps a rotated CA file effective without a restart.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +35,11 @@ pub struct Target<'a> {
     pub ca_file: Option<&'a Path>,
     /// Bound on the whole exchange, connection to last byte.
     pub timeout: Duration,
+    /// Connect only to public addresses: the URL came from an API caller,
+    /// who must not reach the cloud's own network (a metadata service at
+    /// 169.254.169.254, an admin port on loopback) through it. Checked on
+    /// the addresses the name resolves to, right before connecting.
+    pub public_only: bool,
 }
 
 /// What the endpoint answered.
@@ -42,6 +47,42 @@ pub struct Target<'a> {
 pub struct Answer {
     pub status: u16,
     pub body: Bytes,
+}
+
+/// Whether `ip` is an address on the public Internet: not loopback,
+/// private (RFC 1918, unique-local), link-local (the cloud metadata
+/// services), shared (CGNAT), reserved, documentation, benchmarking,
+/// multicast or unspecified. IPv4 inside IPv6 is judged as IPv4.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0 && c == 0)
+                || (a == 198 && (18..20).contains(&b))
+                || a >= 240)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (first & 0xfe00) == 0xfc00
+                || (first & 0xffc0) == 0xfe80
+                || (first == 0x2001 && v6.segments()[1] == 0x0db8))
+        }
+    }
 }
 
 /// The `Host` header for `url`: the host, and the port when the URL names
@@ -96,36 +137,53 @@ pub async fn send(
     .await
     .map_err(|e| e.to_string())??;
     let timeout = target.timeout;
-    tokio::time::timeout(timeout, exchange(&url, setting, tls, method, payload, headers))
-        .await
-        .map_err(|_| {
-            format!("timed out after {}", humantime_serde::re::humantime::format_duration(timeout))
-        })?
+    let public_only = target.public_only;
+    let exchange = exchange(&url, setting, public_only, tls, method, payload, headers);
+    tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+        format!("timed out after {}", humantime_serde::re::humantime::format_duration(timeout))
+    })?
 }
 
 async fn exchange(
     url: &url::Url,
     setting: &str,
+    public_only: bool,
     tls: rustls::ClientConfig,
     method: Method,
     payload: Bytes,
     headers: &[(HeaderName, HeaderValue)],
 ) -> Result<Answer, String> {
     let port = url.port_or_known_default().unwrap_or(443);
-    let (server_name, tcp) = match url.host() {
+    let (server_name, addrs): (ServerName<'static>, Vec<SocketAddr>) = match url.host() {
         Some(url::Host::Domain(domain)) => (
             ServerName::try_from(domain.to_owned()).map_err(|e| e.to_string())?,
-            TcpStream::connect((domain, port)).await,
+            tokio::net::lookup_host((domain, port))
+                .await
+                .map_err(|e| format!("resolve {domain}: {e}"))?
+                .collect(),
         ),
         Some(url::Host::Ipv4(ip)) => {
-            (ServerName::IpAddress(IpAddr::V4(ip).into()), TcpStream::connect((ip, port)).await)
+            (ServerName::IpAddress(IpAddr::V4(ip).into()), vec![(ip, port).into()])
         }
         Some(url::Host::Ipv6(ip)) => {
-            (ServerName::IpAddress(IpAddr::V6(ip).into()), TcpStream::connect((ip, port)).await)
+            (ServerName::IpAddress(IpAddr::V6(ip).into()), vec![(ip, port).into()])
         }
         None => return Err(format!("{setting} has no host")),
     };
-    let tcp = tcp.map_err(|e| format!("connect: {e}"))?;
+    let allowed: Vec<SocketAddr> =
+        addrs.iter().copied().filter(|a| !public_only || is_public(a.ip())).collect();
+    if allowed.is_empty() {
+        let host = url.host_str().unwrap_or_default();
+        return Err(match addrs.first() {
+            Some(addr) => format!(
+                "{host} is a private or reserved address ({}); exports go to public \
+                 addresses unless exports.allow_private_networks is set",
+                addr.ip()
+            ),
+            None => format!("{host} resolves to no address"),
+        });
+    }
+    let tcp = TcpStream::connect(&allowed[..]).await.map_err(|e| format!("connect: {e}"))?;
     let stream = TlsConnector::from(Arc::new(tls))
         .connect(server_name, tcp)
         .await
@@ -183,6 +241,57 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_public_addresses_are_public() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "192.0.0.8",
+            "198.18.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "240.0.0.1",
+            "192.0.2.1",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "ff02::1",
+            "2001:db8::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(!is_public(private.parse().unwrap()), "{private}");
+        }
+        for public in ["1.1.1.1", "8.8.8.8", "100.128.0.1", "2606:4700::1111", "::ffff:1.1.1.1"] {
+            assert!(is_public(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_private_address_is_refused_before_connecting() {
+        let target = Target {
+            setting: "config.url",
+            url: "https://127.0.0.1:1/",
+            ca_file: None,
+            timeout: Duration::from_secs(5),
+            public_only: true,
+        };
+        let err = send(target, Method::POST, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
+        assert!(err.contains("exports.allow_private_networks"), "{err}");
+        let named = Target { url: "https://localhost:1/", ..target };
+        let err = send(named, Method::POST, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
+        assert!(
+            err.contains("private or reserved"),
+            "a name is judged by what it resolves to: {err}"
+        );
+    }
+
+    #[test]
     fn destination_drops_credentials_and_query() {
         assert_eq!(
             destination("https://user:pw@proof.example:8443/v1/packets?token=s3cret#x"),
@@ -204,6 +313,7 @@ mod tests {
             url: "https://127.0.0.1:1/",
             ca_file: None,
             timeout: Duration::from_secs(5),
+            public_only: false,
         };
         let err = send(target, Method::POST, Bytes::from_static(b"{}"), &[]).await.unwrap_err();
         assert!(err.contains("connect"), "{err}");

@@ -61,6 +61,7 @@ async fn https_destination_pushes_and_records_receipts(backend: Backend) {
     let cloud = backend
         .start(&[
             ("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string()),
+            ("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
             ("OPGRAPH_EXPORT_TIMEOUT", "5s".to_owned()),
         ])
         .await
@@ -246,6 +247,14 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
     assert!(endpoint.received.lock().unwrap().is_empty(), "a refused export sent something");
     let (_, listed) = get(&client, &cloud, &key, "/api/exports/receipts").await;
     assert_eq!(listed["exportReceipts"], json!([]), "a refused export left a receipt");
+
+    // By default an export may not reach the cloud's own network: the
+    // endpoint on 127.0.0.1 gets nothing, and the receipt says why.
+    let (status, answer) = post(&client, &cloud, &key, "/api/exports/destinations", &ok).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{answer}");
+    let error = answer["exportReceipt"]["error"].as_str().unwrap();
+    assert!(error.contains("exports.allow_private_networks"), "{error}");
+    assert!(endpoint.received.lock().unwrap().is_empty(), "a private address was reached");
     let (status, answer) = get(&client, &cloud, &key, "/api/exports/receipts?limt=5").await;
     assert_eq!((status, &answer["error"]["field"]), (StatusCode::BAD_REQUEST, &json!("limt")));
 }
@@ -290,7 +299,10 @@ const S3_SECRET: &str = "s3cr3t/OPGRAPH+test/0123456789abcdefghij";
 async fn s3_destination_puts_one_signed_object() {
     let endpoint = https_endpoint::start(vec![200, 403]).await;
     let cloud = Backend::Embedded
-        .start(&[("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string())])
+        .start(&[
+            ("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string()),
+            ("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
+        ])
         .await
         .unwrap();
     let (client, key) = (client(), cloud.key.clone());

@@ -404,6 +404,7 @@ pub async fn push(
         url: &url,
         ca_file: state.config.exports.ca_file.as_deref(),
         timeout: state.config.exports.timeout,
+        public_only: !state.config.exports.allow_private_networks,
     };
     let mut receipt = deliver(id, target, method, payload, headers, count, None).await?;
     if receipt.status == "succeeded" && object.is_some() {

@@ -268,6 +268,8 @@ async fn push(state: &AppState, ws: &str, trail: &ProofTrail) -> Result<ExportRe
         url: config.proof_url.as_deref().unwrap_or_default(),
         ca_file: config.proof_ca_file.as_deref(),
         timeout: config.proof_timeout,
+        // The operator configured it: a private proof service is fine.
+        public_only: false,
     };
     let headers = vec![outbound::header("idempotency-key", &trail.id)?];
     let id = crate::ids::new_id("exp");
