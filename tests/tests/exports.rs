@@ -229,9 +229,11 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
         assert_eq!(answer["error"]["code"], "validation_failed", "{body}: {answer}");
         assert_eq!(answer["error"]["field"], field, "{body}: {answer}");
     }
-    // A warehouse or object store with a complete config: named, not done.
-    let gcs = json!({"destination": "gcs", "config": {"bucket": "b"}});
-    let (status, answer) = post(&client, &cloud, &key, "/api/exports/destinations", &gcs).await;
+    // A warehouse with a complete config: named, not done.
+    let bigquery = json!({"destination": "bigquery",
+        "config": {"projectId": "p", "datasetId": "d", "tableId": "t"}});
+    let (status, answer) =
+        post(&client, &cloud, &key, "/api/exports/destinations", &bigquery).await;
     assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{answer}");
     assert_eq!(answer["error"]["code"], "not_implemented");
     // Without the `export` scope.
@@ -261,7 +263,7 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
 
 /// The signature botocore (AWS's own Python SDK) computes for the same
 /// S3 `PUT`: an implementation independent of ours.
-fn botocore_authorization(url: &str, amz_date: &str, body: &[u8]) -> String {
+fn botocore_authorization(url: &str, region: &str, amz_date: &str, body: &[u8]) -> String {
     const SCRIPT: &str = r#"
 import hashlib, sys
 from botocore.auth import S3SigV4Auth
@@ -279,7 +281,7 @@ signed = auth.signed_headers(auth.headers_to_sign(request))
 print(f"AWS4-HMAC-SHA256 Credential={auth.scope(request)}, SignedHeaders={signed}, Signature={signature}")
 "#;
     let mut child = Command::new("python3")
-        .args(["-c", SCRIPT, url, amz_date, "eu-central-1", S3_KEY_ID, S3_SECRET])
+        .args(["-c", SCRIPT, url, amz_date, region, S3_KEY_ID, S3_SECRET])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -297,6 +299,17 @@ const S3_SECRET: &str = "s3cr3t/OPGRAPH+test/0123456789abcdefghij";
 /// export as an object under the prefix, the object named in the receipt.
 #[tokio::test]
 async fn s3_destination_puts_one_signed_object() {
+    object_store_puts_one_signed_object("s3", Some("eu-central-1")).await;
+}
+
+/// GCS through its S3-compatible XML API: the same `PUT`, region `auto`
+/// unless told, the object named `gs://`.
+#[tokio::test]
+async fn gcs_destination_puts_one_signed_object() {
+    object_store_puts_one_signed_object("gcs", None).await;
+}
+
+async fn object_store_puts_one_signed_object(kind: &str, region: Option<&str>) {
     let endpoint = https_endpoint::start(vec![200, 403]).await;
     let cloud = Backend::Embedded
         .start(&[
@@ -307,15 +320,19 @@ async fn s3_destination_puts_one_signed_object() {
         .unwrap();
     let (client, key) = (client(), cloud.key.clone());
     let base = endpoint.url.split("/v1/").next().unwrap().to_owned();
-    let config = json!({"bucket": "opgraph-exports", "region": "eu-central-1", "prefix": "site a/",
+    let mut config = json!({"bucket": "opgraph-exports", "prefix": "site a/",
         "endpoint": base, "accessKeyId": S3_KEY_ID, "secretAccessKey": S3_SECRET});
+    if let Some(region) = region {
+        config["region"] = json!(region);
+    }
     let records = json!([{"sku": "A-1"}]);
-    let body = json!({"destination": "s3", "config": config, "records": records});
+    let body = json!({"destination": kind, "config": config, "records": records});
     let (status, pushed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
     assert_eq!(status, StatusCode::CREATED, "{pushed}");
     let receipt = &pushed["exportReceipt"];
     let id = receipt["id"].as_str().unwrap();
-    let object = format!("s3://opgraph-exports/site a/{id}.json");
+    let scheme = if kind == "gcs" { "gs" } else { "s3" };
+    let object = format!("{scheme}://opgraph-exports/site a/{id}.json");
     assert_eq!(receipt["externalId"], object.as_str());
     let path = format!("/opgraph-exports/site%20a/{id}.json");
     assert_eq!(receipt["destination"], format!("{base}{path}"));
@@ -324,7 +341,8 @@ async fn s3_destination_puts_one_signed_object() {
     let packet: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(packet["records"], records);
     let amz_date = header(&head, "x-amz-date").expect("x-amz-date");
-    let expected = botocore_authorization(&format!("{base}{path}"), amz_date, &bytes);
+    let region = region.unwrap_or("auto");
+    let expected = botocore_authorization(&format!("{base}{path}"), region, amz_date, &bytes);
     assert_eq!(header(&head, "authorization"), Some(expected.as_str()), "{head}");
 
     // The store refuses (403): 502, the receipt says so, no object named.

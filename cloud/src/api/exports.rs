@@ -5,9 +5,10 @@
 //!
 //! Every destination's configuration is checked, so a missing field is a
 //! 400 naming it whichever kind is asked for. Of the kinds the contract
-//! names, the custom HTTPS endpoint (a signed `POST`) and S3 (a `PUT` of
-//! one object, signed with [`sigv4`], to AWS or any S3-compatible store)
-//! are implemented; the warehouses and GCS answer 501.
+//! names, the custom HTTPS endpoint (a signed `POST`), S3 (a `PUT` of one
+//! object, signed with [`sigv4`], to AWS or any S3-compatible store) and
+//! GCS (the same, through its S3-compatible XML API) are implemented; the
+//! warehouses answer 501.
 
 use std::collections::HashMap;
 
@@ -92,7 +93,7 @@ const KINDS: [(&str, &[&str]); 6] = [
     ("snowflake", &["account", "database", "schema", "table"]),
     ("redshift", &["database", "table", "region"]),
     ("s3", &["bucket", "accessKeyId", "secretAccessKey"]),
-    ("gcs", &["bucket"]),
+    ("gcs", &["bucket", "accessKeyId", "secretAccessKey"]),
     ("https", &["url"]),
 ];
 
@@ -105,6 +106,8 @@ struct Endpoint {
 
 /// An `s3` destination, checked.
 struct Bucket {
+    /// `s3` or `gs`: how the receipt names the object.
+    scheme: &'static str,
     name: String,
     /// Object keys start with it.
     prefix: String,
@@ -202,12 +205,18 @@ fn endpoint(config: &Map<String, Value>) -> Result<Endpoint> {
     Ok(Endpoint { url: url.to_owned(), secret, headers })
 }
 
-/// The `s3` destination's `{bucket, accessKeyId, secretAccessKey,
-/// sessionToken?, region?, prefix?, endpoint?}`.
-fn bucket(config: &Map<String, Value>) -> Result<Bucket> {
+/// Google Cloud Storage's XML API, which speaks S3 to HMAC keys.
+const GCS_ENDPOINT: &str = "https://storage.googleapis.com";
+
+/// The `s3` (or `gcs`) destination's `{bucket, accessKeyId,
+/// secretAccessKey, sessionToken?, region?, prefix?, endpoint?}`. GCS is
+/// the same protocol at [`GCS_ENDPOINT`] with an HMAC key of a service
+/// account, region `auto`, and underscores allowed in bucket names.
+fn bucket(config: &Map<String, Value>, kind: &str) -> Result<Bucket> {
+    let gcs = kind == "gcs";
     only_known(
         config,
-        "s3",
+        kind,
         &[
             "bucket",
             "accessKeyId",
@@ -221,16 +230,23 @@ fn bucket(config: &Map<String, Value>) -> Result<Bucket> {
     let text = |name: &str| config.get(name).and_then(Value::as_str).map(str::trim);
     let name = text("bucket").unwrap_or_default();
     let valid_bucket = (3..=63).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || b == b'.'
+                || b == b'-'
+                || (gcs && b == b'_')
+        });
     if !valid_bucket {
         return Err(Error::validation(
             "config.bucket",
-            "an S3 bucket name is 3 to 63 lower-case letters, digits, dots and hyphens",
+            format!(
+                "a bucket name is 3 to 63 lower-case letters, digits, dots and hyphens{}",
+                if gcs { " (and underscores)" } else { "" }
+            ),
         ));
     }
-    let region = text("region").unwrap_or("us-east-1");
+    let region = text("region").unwrap_or(if gcs { "auto" } else { "us-east-1" });
     if region.is_empty()
         || region.len() > 32
         || !region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -245,6 +261,7 @@ fn bucket(config: &Map<String, Value>) -> Result<Bucket> {
         ));
     }
     let endpoint = match text("endpoint") {
+        None if gcs => Some(GCS_ENDPOINT.to_owned()),
         None => None,
         Some(raw) => match url::Url::parse(raw) {
             Ok(u)
@@ -277,7 +294,8 @@ fn bucket(config: &Map<String, Value>) -> Result<Bucket> {
         session_token: header_text("sessionToken")?,
         region: region.to_owned(),
     };
-    Ok(Bucket { name: name.to_owned(), prefix: prefix.to_owned(), endpoint, credentials })
+    let scheme = if gcs { "gs" } else { "s3" };
+    Ok(Bucket { scheme, name: name.to_owned(), prefix: prefix.to_owned(), endpoint, credentials })
 }
 
 /// One extra header; those the request itself sets are refused.
@@ -329,10 +347,10 @@ pub async fn push(
     let kind = check_config(input.destination.trim(), &input.config)?;
     let destination = match (kind, input.config.as_object()) {
         ("https", Some(config)) => Destination::Https(endpoint(config)?),
-        ("s3", Some(config)) => Destination::S3(bucket(config)?),
+        (kind @ ("s3" | "gcs"), Some(config)) => Destination::S3(bucket(config, kind)?),
         _ => {
             return Err(Error::NotImplemented(format!(
-                "the {kind} destination is not implemented yet; `https` and `s3` are"
+                "the {kind} destination is not implemented yet; `https`, `s3` and `gcs` are"
             )));
         }
     };
@@ -396,7 +414,8 @@ pub async fn push(
                 .iter()
                 .map(|(name, value)| outbound::header(name, value))
                 .collect::<Result<Vec<_>>>()?;
-            (Method::PUT, url, headers, Some(format!("s3://{}/{key}", bucket.name)))
+            let object = format!("{}://{}/{key}", bucket.scheme, bucket.name);
+            (Method::PUT, url, headers, Some(object))
         }
     };
     let target = outbound::Target {
@@ -532,6 +551,20 @@ mod tests {
         );
         assert!(check_config("ftp", &json!({})).is_err());
         assert!(check_config("s3", &json!("bucket")).is_err());
+    }
+
+    #[test]
+    fn buckets_go_to_aws_or_gcs_unless_an_endpoint_is_named() {
+        let config = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let keys = json!({"bucket": "logs_2026", "accessKeyId": "A", "secretAccessKey": "s"});
+        let gcs = bucket(&config(keys.clone()), "gcs").map_err(|e| e.to_string());
+        let gcs = gcs.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(gcs.url("a b.json"), "https://storage.googleapis.com/logs_2026/a%20b.json");
+        assert_eq!((gcs.scheme, gcs.credentials.region.as_str()), ("gs", "auto"));
+        assert!(bucket(&config(keys), "s3").is_err(), "no underscore in an S3 bucket name");
+        let s3 = config(json!({"bucket": "logs", "accessKeyId": "A", "secretAccessKey": "s"}));
+        let s3 = bucket(&s3, "s3").map_err(|e| e.to_string()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s3.url("k.json"), "https://logs.s3.us-east-1.amazonaws.com/k.json");
     }
 
     #[test]
