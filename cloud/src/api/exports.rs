@@ -382,7 +382,7 @@ pub async fn push(
         "source": source, "recordCount": count, "records": records,
     }))
     .map_err(Error::internal)?;
-    let (method, url, headers, object) = match destination {
+    let (setting, method, url, headers, object) = match destination {
         Destination::Https(endpoint) => {
             let mut headers = endpoint.headers;
             let timestamp = now.to_string();
@@ -396,7 +396,7 @@ pub async fn push(
             }
             headers.push(outbound::header("x-opgraph-timestamp", &timestamp)?);
             headers.push(outbound::header("idempotency-key", &id)?);
-            (Method::POST, endpoint.url, headers, None)
+            ("config.url", Method::POST, endpoint.url, headers, None)
         }
         Destination::S3(bucket) => {
             let key = format!("{}{id}.json", bucket.prefix);
@@ -415,11 +415,11 @@ pub async fn push(
                 .map(|(name, value)| outbound::header(name, value))
                 .collect::<Result<Vec<_>>>()?;
             let object = format!("{}://{}/{key}", bucket.scheme, bucket.name);
-            (Method::PUT, url, headers, Some(object))
+            ("config.endpoint", Method::PUT, url, headers, Some(object))
         }
     };
     let target = outbound::Target {
-        setting: if object.is_some() { "config.endpoint" } else { "config.url" },
+        setting,
         url: &url,
         ca_file: state.config.exports.ca_file.as_deref(),
         timeout: state.config.exports.timeout,
