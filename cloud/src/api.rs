@@ -22,6 +22,7 @@ pub mod queries;
 pub mod scan;
 pub mod trackables;
 pub mod tracking_plans;
+pub mod webhooks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,6 +56,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The public scan redirect's rate limiter and IP salt.
     pub scans: Arc<scan::ScanGuard>,
+    pub webhooks: Arc<crate::webhooks::Webhooks>,
 }
 
 /// Authenticates, then applies the workspace's rate limit. Handlers that take
@@ -226,6 +228,10 @@ pub fn routes() -> Routes {
         .add(Method::POST, "/api/connectors/ingest", connectors::ingest)
         .add(Method::POST, "/api/exports/destinations", exports::push)
         .add(Method::GET, "/api/exports/receipts", exports::receipts)
+        .add(Method::POST, "/api/webhooks", webhooks::create)
+        .add(Method::GET, "/api/webhooks", webhooks::list)
+        .add(Method::DELETE, "/api/webhooks/{id}", webhooks::delete)
+        .add(Method::GET, "/api/webhooks/{id}/deliveries", webhooks::deliveries)
         .governance()
         .queries()
 }

@@ -25,6 +25,7 @@ pub struct Config {
     pub receivers: crate::receiver::ReceiverConfig,
     pub governance: GovernanceConfig,
     pub exports: ExportsConfig,
+    pub webhooks: WebhooksConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -237,6 +238,29 @@ impl Default for ExportsConfig {
     }
 }
 
+/// Webhook deliveries (`/api/webhooks`). They go out like exports, with
+/// the `[exports]` settings for the CA, the timeout and private networks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// Tries per delivery, the first included; 1 to 20. Default 6. Env
+    /// `OPGRAPH_WEBHOOK_MAX_ATTEMPTS`.
+    pub max_attempts: u32,
+    /// Wait before the first retry; each later one waits twice as long,
+    /// with up to a quarter added at random so that receivers coming back
+    /// are not hit by every sender at once. Default `30s` (retries after
+    /// about 30 s, 1, 2, 4 and 8 min); 1ms to 1h. Env
+    /// `OPGRAPH_WEBHOOK_RETRY_BASE`.
+    #[serde(with = "humantime_serde")]
+    pub retry_base: Duration,
+}
+
+impl Default for WebhooksConfig {
+    fn default() -> Self {
+        WebhooksConfig { max_attempts: 6, retry_base: Duration::from_secs(30) }
+    }
+}
+
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
@@ -375,6 +399,13 @@ impl Config {
         if let Some(v) = env("OPGRAPH_EXPORT_TIMEOUT") {
             self.exports.timeout = humantime_serde::re::humantime::parse_duration(v.trim())
                 .map_err(|e| problem("OPGRAPH_EXPORT_TIMEOUT", format!("{e}: {v:?}")))?;
+        }
+        if let Some(v) = env("OPGRAPH_WEBHOOK_MAX_ATTEMPTS") {
+            self.webhooks.max_attempts = parsed("OPGRAPH_WEBHOOK_MAX_ATTEMPTS", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_WEBHOOK_RETRY_BASE") {
+            self.webhooks.retry_base = humantime_serde::re::humantime::parse_duration(v.trim())
+                .map_err(|e| problem("OPGRAPH_WEBHOOK_RETRY_BASE", format!("{e}: {v:?}")))?;
         }
         if let Some(v) = env("OPGRAPH_WRITER_CACHE") {
             self.store.writer_cache = parsed("OPGRAPH_WRITER_CACHE", v)?;
@@ -528,6 +559,14 @@ impl Config {
         if self.exports.timeout.is_zero() || self.exports.timeout > Duration::from_secs(300) {
             return Err(problem("exports.timeout", "must be between 1ms and 5min"));
         }
+        if !(1..=20).contains(&self.webhooks.max_attempts) {
+            return Err(problem("webhooks.max_attempts", "must be between 1 and 20"));
+        }
+        if self.webhooks.retry_base.is_zero()
+            || self.webhooks.retry_base > Duration::from_secs(3600)
+        {
+            return Err(problem("webhooks.retry_base", "must be between 1ms and 1h"));
+        }
         if self.rate_limit.requests_per_second > 0 && self.rate_limit.burst == 0 {
             return Err(problem("rate_limit.burst", "must be at least 1 when limiting is on"));
         }
@@ -646,6 +685,26 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.key, "scan.ip_salt");
         assert!(!err.to_string().contains("short"), "the salt is never echoed: {err}");
+    }
+
+    #[test]
+    fn webhook_retries_are_bounded() {
+        let config = Config::parse("[webhooks]\nmax_attempts = 3\nretry_base = \"2s\"\n").unwrap();
+        assert_eq!((config.webhooks.max_attempts, config.webhooks.retry_base.as_secs()), (3, 2));
+        for (text, key) in [
+            ("[webhooks]\nmax_attempts = 0\n", "webhooks.max_attempts"),
+            ("[webhooks]\nmax_attempts = 21\n", "webhooks.max_attempts"),
+            ("[webhooks]\nretry_base = \"2h\"\n", "webhooks.retry_base"),
+            ("[webhooks]\nretry_base = \"0s\"\n", "webhooks.retry_base"),
+        ] {
+            let err = Config::parse(text).and_then(|c| c.validate()).unwrap_err();
+            assert_eq!(err.key, key, "{text}");
+        }
+        let with = |v: &'static str| {
+            move |k: &str| (k == "OPGRAPH_WEBHOOK_RETRY_BASE").then(|| v.to_owned())
+        };
+        assert_eq!(Config::load(None, with("50ms")).unwrap().webhooks.retry_base.as_millis(), 50);
+        assert_eq!(Config::load(None, with("soon")).unwrap_err().key, "OPGRAPH_WEBHOOK_RETRY_BASE");
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub mod telemetry;
 pub mod tls_client;
 pub mod trackables;
 pub mod usage;
+pub mod webhooks;
 
 /// Milliseconds since the Unix epoch, the unit of every time in the API.
 pub fn now_ms() -> i64 {

@@ -101,6 +101,25 @@ pub fn header(name: &'static str, value: &str) -> crate::error::Result<(HeaderNa
     Ok((HeaderName::from_static(name), value))
 }
 
+/// `X-Opgraph-Timestamp` and, with a secret, `X-Opgraph-Signature:
+/// sha256=<hex HMAC-SHA256 of "<timestamp>.<payload>">`: the signing of
+/// exports and webhooks. The timestamp is signed too, so that a captured
+/// request cannot be replayed later under a fresh one.
+pub fn signature_headers(
+    secret: Option<&str>,
+    timestamp_ms: i64,
+    payload: &[u8],
+) -> crate::error::Result<Vec<(HeaderName, HeaderValue)>> {
+    let timestamp = timestamp_ms.to_string();
+    let mut headers = vec![header("x-opgraph-timestamp", &timestamp)?];
+    if let Some(secret) = secret {
+        let signed = [timestamp.as_bytes(), b".", payload].concat();
+        let mac = crate::governance::hash::hmac_sha256(secret.as_bytes(), &signed);
+        headers.push(header("x-opgraph-signature", &format!("sha256={}", crate::ids::hex(&mac)))?);
+    }
+    Ok(headers)
+}
+
 /// `scheme://host:port/path` of a URL: never its credentials or query.
 pub fn destination(url: &str) -> String {
     match url::Url::parse(url) {

@@ -18,6 +18,7 @@ use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::{ApiKeyRecord, NewApiKey, Store, Workspace};
 use crate::telemetry::Metrics;
 use crate::usage::Usage;
+use crate::webhooks::Webhooks;
 
 pub const DEFAULT_WORKSPACE: &str = "ws_default";
 const BOOTSTRAP_KEY_FILE: &str = "bootstrap-key";
@@ -68,6 +69,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     }
     let _ = flusher.await;
+    let pending = state.webhooks.outstanding();
+    if pending > 0 {
+        // Held in memory only (docs/webhooks.md): say what is given up.
+        let outcome = crate::telemetry::OutcomeLabels { outcome: "abandoned".to_owned() };
+        state.metrics.webhooks.get_or_create(&outcome).inc_by(pending as u64);
+        tracing::warn!(pending, "webhook deliveries still pending are dropped at shutdown");
+    }
     state.usage.flush(state.store.as_ref()).await;
     store.close().await?;
     tracing::info!("stopped cleanly");
@@ -133,13 +141,16 @@ pub async fn build_state(config: Config) -> anyhow::Result<AppState> {
     };
     bootstrap(&config, store.as_ref()).await?;
     let jwt = JwtVerifier::from_config(&config.auth.jwt)?;
+    let scans = Arc::new(api::scan::ScanGuard::from_config(&config)?);
+    let (config, metrics) = (Arc::new(config), Arc::new(Metrics::new()));
     Ok(AppState {
         usage: Arc::new(Usage::new(config.rate_limit.clone(), config.usage.clone())),
         auth: Arc::new(Authenticator::new(jwt)),
-        metrics: Arc::new(Metrics::new()),
-        scans: Arc::new(api::scan::ScanGuard::from_config(&config)?),
+        webhooks: Webhooks::new(Arc::clone(&store), Arc::clone(&config), Arc::clone(&metrics)),
+        metrics,
+        scans,
         store,
-        config: Arc::new(config),
+        config,
     })
 }
 

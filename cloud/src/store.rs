@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod governance;
 pub mod queries;
 pub mod trackables;
+pub mod webhooks;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -25,6 +26,7 @@ use gateway::GatewayStore;
 use governance::GovernanceStore;
 use queries::QueryStore;
 use trackables::TrackableStore;
+use webhooks::WebhookStore;
 
 /// An event accepted by an ingest path, ready to be stored.
 #[derive(Debug, Clone)]
@@ -127,6 +129,7 @@ pub trait Store:
     GovernanceStore
     + GatewayStore
     + TrackableStore
+    + WebhookStore
     + ConnectorStore
     + QueryStore
     + Send

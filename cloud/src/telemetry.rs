@@ -38,6 +38,12 @@ pub struct Metrics {
     pub latency: Family<RouteLabels, Histogram>,
     pub events_ingested: Family<SourceLabels, Counter>,
     pub rejections: Family<ReasonLabels, Counter>,
+    pub webhooks: Family<OutcomeLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
 }
 
 impl Metrics {
@@ -65,7 +71,14 @@ impl Metrics {
             "Ingest requests or events refused, by reason",
             rejections.clone(),
         );
-        Metrics { registry, requests, latency, events_ingested, rejections }
+        let webhooks = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Webhook delivery attempts by outcome (succeeded, failed), and deliveries \
+             dropped unsent (dropped) or still pending at shutdown (abandoned)",
+            webhooks.clone(),
+        );
+        Metrics { registry, requests, latency, events_ingested, rejections, webhooks }
     }
 
     pub fn reject(&self, reason: &str) {
@@ -76,6 +89,10 @@ impl Metrics {
         self.events_ingested
             .get_or_create(&SourceLabels { source: source.to_owned() })
             .inc_by(n as u64);
+    }
+
+    pub fn webhook(&self, outcome: &str) {
+        self.webhooks.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }).inc();
     }
 
     /// The text exposition format.

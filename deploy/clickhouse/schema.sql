@@ -308,3 +308,24 @@ CREATE TABLE IF NOT EXISTS export_receipts (
     created_at Int64,
     body String
 ) ENGINE = MergeTree() ORDER BY (workspace_id, id);
+
+-- Webhooks (docs/webhooks.md): a deletion is a newer version with
+-- `deleted_at` set; reads take `argMax(..., version)` per id.
+CREATE TABLE IF NOT EXISTS webhooks (
+    workspace_id String,
+    id String,
+    deleted_at Int64,
+    body String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, id);
+
+-- Every delivery attempt of a webhook, append-only. Written once per
+-- attempt: the ReplacingMergeTree only folds a row sent twice.
+CREATE TABLE IF NOT EXISTS webhook_attempts (
+    workspace_id String,
+    webhook_id String,
+    created_at Int64,
+    delivery_id String,
+    attempt UInt32,
+    body String
+) ENGINE = ReplacingMergeTree() ORDER BY (workspace_id, webhook_id, created_at, delivery_id, attempt);

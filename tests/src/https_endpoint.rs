@@ -1,6 +1,6 @@
 //! A local HTTPS endpoint for the cloud's outbound pushes (proof trails,
 //! destination exports): it answers from a plan and keeps every request.
-#![allow(clippy::unwrap_used)] // a broken harness should fail loudly
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a broken harness should fail loudly
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +19,8 @@ pub struct Endpoint {
     /// The self-signed certificate, for the client to trust.
     pub ca_file: std::path::PathBuf,
     pub received: Received,
+    /// Woken at every request received.
+    arrived: Arc<tokio::sync::Notify>,
     /// Abort it to take the endpoint down.
     pub task: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
@@ -44,6 +46,8 @@ pub async fn start(plan: Vec<u16>) -> Endpoint {
     let received = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&received);
     let count = Arc::new(AtomicUsize::new(0));
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let wake = Arc::clone(&arrived);
     let task = tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let Ok(mut tls) = acceptor.accept(tcp).await else { continue };
@@ -58,9 +62,57 @@ pub async fn start(plan: Vec<u16>) -> Endpoint {
             );
             let _ = tls.write_all(response.as_bytes()).await;
             let _ = tls.shutdown().await;
+            wake.notify_waiters();
         }
     });
-    Endpoint { url, ca_file, received, task, _dir: dir }
+    Endpoint { url, ca_file, received, arrived, task, _dir: dir }
+}
+
+impl Endpoint {
+    /// Waits (at most `within`) until `n` requests have been answered, for
+    /// pushes the cloud sends in the background; then what it received.
+    pub async fn wait_for(&self, n: usize, within: std::time::Duration) -> Vec<(String, Vec<u8>)> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            {
+                let received = self.received.lock().unwrap();
+                if received.len() >= n {
+                    return received.clone();
+                }
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                let got = self.received.lock().unwrap().len();
+                panic!("{got} of {n} requests arrived within {within:?}");
+            }
+        }
+    }
+}
+
+/// The value of header `name` in a request head.
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// HMAC-SHA256 as `openssl` computes it: a check of a signature that is
+/// independent of the cloud's own code.
+pub fn openssl_hmac(key: &str, message: &[u8]) -> String {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("openssl")
+        .args(["dgst", "-sha256", "-hmac", key, "-r"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("openssl (installed by deploy/scripts/install-test-deps.sh)");
+    child.stdin.take().unwrap().write_all(message).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
 }
 
 /// Reads one HTTP/1.1 request: head, then `content-length` bytes of body.

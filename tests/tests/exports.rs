@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use opgraph_tests::backends::Backend;
+use opgraph_tests::https_endpoint::{header, openssl_hmac};
 use opgraph_tests::{Cloud, both_backends, https_endpoint};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
@@ -33,27 +34,6 @@ async fn post(
 
 async fn get(client: &Client, cloud: &Cloud, key: &str, path: &str) -> (StatusCode, Value) {
     cloud.call(client, key, Method::GET, path, None).await
-}
-
-/// HMAC-SHA256 as `openssl` computes it: a check independent of ours.
-fn openssl_hmac(key: &str, message: &[u8]) -> String {
-    let mut child = Command::new("openssl")
-        .args(["dgst", "-sha256", "-hmac", key, "-r"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("openssl (installed by deploy/scripts/install-test-deps.sh)");
-    child.stdin.take().unwrap().write_all(message).unwrap();
-    let out = child.wait_with_output().unwrap();
-    String::from_utf8(out.stdout).unwrap().split_whitespace().next().unwrap().to_owned()
-}
-
-/// The value of header `name` in a request head.
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().find_map(|line| {
-        let (n, v) = line.split_once(':')?;
-        n.eq_ignore_ascii_case(name).then(|| v.trim())
-    })
 }
 
 async fn https_destination_pushes_and_records_receipts(backend: Backend) {

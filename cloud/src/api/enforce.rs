@@ -23,6 +23,7 @@ use crate::store::NewEvent;
 use crate::store::governance::{
     ChainHead, EnforcementInputs, EnforcementRefs, Receipt, ReceiptFilter, ReceiptRow,
 };
+use crate::webhooks::ENFORCEMENT_DECIDED;
 
 const MAX_ATTESTATIONS: usize = 20;
 /// Receipts read per page while verifying chains.
@@ -192,6 +193,9 @@ pub async fn enforce(
         .store
         .record_enforcement(&principal.workspace_id, &principal.subject, &refs, decide)
         .await?;
+    state.webhooks.notify(&principal.workspace_id, ENFORCEMENT_DECIDED, &receipt.id, || {
+        serde_json::to_value(&receipt).unwrap_or_default()
+    });
     Ok(Json(EnforceResponse {
         outcome: receipt.outcome,
         receipt_id: receipt.id.clone(),

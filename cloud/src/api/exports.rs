@@ -27,11 +27,12 @@ use super::governance::parse_body;
 use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, ErrorDetail, Result};
-use crate::governance::hash::{hmac_sha256, sha256_hex};
+use crate::governance::hash::sha256_hex;
 use crate::outbound::{self, Answer};
 use crate::sigv4;
 use crate::store::EventFilter;
 use crate::store::governance::ExportReceipt;
+use crate::webhooks::EXPORT_FAILED;
 
 type ErrorBody = crate::error::ErrorBody;
 
@@ -385,16 +386,7 @@ pub async fn push(
     let (setting, method, url, headers, object) = match destination {
         Destination::Https(endpoint) => {
             let mut headers = endpoint.headers;
-            let timestamp = now.to_string();
-            if let Some(secret) = &endpoint.secret {
-                // Over the timestamp too, so that a captured request cannot
-                // be replayed later with a fresh one.
-                let signed = [timestamp.as_bytes(), b".", &payload].concat();
-                let signature = crate::ids::hex(&hmac_sha256(secret.as_bytes(), &signed));
-                headers
-                    .push(outbound::header("x-opgraph-signature", &format!("sha256={signature}"))?);
-            }
-            headers.push(outbound::header("x-opgraph-timestamp", &timestamp)?);
+            headers.extend(outbound::signature_headers(endpoint.secret.as_deref(), now, &payload)?);
             headers.push(outbound::header("idempotency-key", &id)?);
             ("config.url", Method::POST, endpoint.url, headers, None)
         }
@@ -431,6 +423,7 @@ pub async fn push(
         receipt.external_id = object;
     }
     state.store.insert_export_receipt(ws, &receipt).await?;
+    notify_failure(&state, ws, &receipt);
     if receipt.status == "succeeded" {
         return Ok(
             (StatusCode::CREATED, Json(ExportAnswer { export_receipt: receipt })).into_response()
@@ -441,6 +434,16 @@ pub async fn push(
     let error = ErrorDetail { code: "destination_failed".to_owned(), message, field: None };
     Ok((StatusCode::BAD_GATEWAY, Json(FailedExport { error, export_receipt: receipt }))
         .into_response())
+}
+
+/// Tells the workspace's webhooks (`export.failed`) when `receipt` records
+/// a failure.
+pub(super) fn notify_failure(state: &AppState, ws: &str, receipt: &ExportReceipt) {
+    if receipt.status != "succeeded" {
+        state.webhooks.notify(ws, EXPORT_FAILED, &receipt.id, || {
+            serde_json::to_value(receipt).unwrap_or_default()
+        });
+    }
 }
 
 /// The caller's records: 1 to [`MAX_RECORDS`] JSON objects.

@@ -247,6 +247,7 @@ pub async fn export(
     let export_receipt = if input.push_to_external_proof {
         let receipt = push(&state, ws, &trail).await?;
         store.insert_export_receipt(ws, &receipt).await?;
+        super::exports::notify_failure(&state, ws, &receipt);
         Some(receipt)
     } else {
         None

@@ -29,6 +29,7 @@ mod graph;
 mod pending;
 mod queries;
 mod trackables;
+mod webhooks;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -585,6 +586,7 @@ impl ClickHouseStore {
             ("governance_receipts", "seq"),
             ("trackables", "version"),
             ("connector_records", "version"),
+            ("webhooks", "version"),
         ] {
             let max: u64 = retried(|| {
                 client.query(&format!("SELECT max({column}) FROM {table}")).sent().fetch_one()

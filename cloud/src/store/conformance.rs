@@ -1199,6 +1199,56 @@ pub async fn governance(store: &dyn Store) {
     assert!(store.list_export_receipts(OTHER_WS, None, 10).await.unwrap().is_empty());
 }
 
+/// Webhooks: listed oldest first without the deleted ones, deleted once,
+/// never across workspaces; attempts listed newest first per webhook.
+pub async fn webhooks(store: &dyn Store) {
+    use super::webhooks::{Webhook, WebhookAttempt};
+    let hook = |id: &str, at: i64| Webhook {
+        id: id.into(),
+        url: format!("https://hooks.example/{id}"),
+        events: vec!["enforcement.decided".into()],
+        secret: "s3cret".into(),
+        created_at: at,
+    };
+    store.insert_webhook(WS, &hook("whk_a", T)).await.unwrap();
+    store.insert_webhook(WS, &hook("whk_b", T + 1)).await.unwrap();
+    store.insert_webhook(WS, &hook("whk_c", T + 2)).await.unwrap();
+    let ids = |list: Vec<Webhook>| list.into_iter().map(|w| w.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list_webhooks(WS, 10).await.unwrap()), ["whk_a", "whk_b", "whk_c"]);
+    assert_eq!(store.list_webhooks(WS, 10).await.unwrap()[1], hook("whk_b", T + 1));
+    assert_eq!(ids(store.list_webhooks(WS, 2).await.unwrap()), ["whk_a", "whk_b"]);
+    assert!(!store.delete_webhook(OTHER_WS, "whk_b", T + 5).await.unwrap());
+    assert!(store.delete_webhook(WS, "whk_b", T + 5).await.unwrap());
+    assert!(!store.delete_webhook(WS, "whk_b", T + 6).await.unwrap(), "deleted once");
+    assert!(!store.delete_webhook(WS, "whk_none", T + 6).await.unwrap());
+    assert_eq!(ids(store.list_webhooks(WS, 10).await.unwrap()), ["whk_a", "whk_c"]);
+    assert!(store.list_webhooks(OTHER_WS, 10).await.unwrap().is_empty());
+
+    let attempt = |delivery: &str, n: u32, at: i64| WebhookAttempt {
+        delivery_id: delivery.into(),
+        webhook_id: "whk_a".into(),
+        event: "enforcement.decided".into(),
+        subject: "rcp_1".into(),
+        attempt: n,
+        status: if n == 2 { "succeeded" } else { "failed" }.into(),
+        response_status: Some(if n == 2 { 200 } else { 500 }),
+        error: (n != 2).then(|| "HTTP 500".to_owned()),
+        next_attempt_at: (n != 2).then_some(at + 1000),
+        payload_hash: "h".into(),
+        created_at: at,
+    };
+    store.insert_webhook_attempt(WS, &attempt("whd_1", 1, T)).await.unwrap();
+    store.insert_webhook_attempt(WS, &attempt("whd_1", 2, T + 1000)).await.unwrap();
+    store.insert_webhook_attempt(WS, &attempt("whd_2", 1, T + 500)).await.unwrap();
+    let log = store.list_webhook_attempts(WS, "whk_a", 10).await.unwrap();
+    let order: Vec<(&str, u32)> = log.iter().map(|a| (a.delivery_id.as_str(), a.attempt)).collect();
+    assert_eq!(order, [("whd_1", 2), ("whd_2", 1), ("whd_1", 1)]);
+    assert_eq!(log[2], attempt("whd_1", 1, T));
+    assert_eq!(store.list_webhook_attempts(WS, "whk_a", 1).await.unwrap().len(), 1);
+    assert!(store.list_webhook_attempts(WS, "whk_c", 10).await.unwrap().is_empty());
+    assert!(store.list_webhook_attempts(OTHER_WS, "whk_a", 10).await.unwrap().is_empty());
+}
+
 /// Runs the whole suite against a backend: one test per case, each on a
 /// fresh store from `$open()` (an async fn returning `(store, guard)`).
 /// The cases cover [`Store`]'s own methods, [`super::gateway::GatewayStore`]
@@ -1214,7 +1264,7 @@ macro_rules! store_conformance {
             attribution_counts_touchpoints_without_conversions, period_diff, search, search_folds_case,
             runs_and_actors,
             proof_gaps, metric_definitions_and_snapshots, businesses, entities_and_relationships,
-            governance);
+            governance, webhooks);
     };
     (@cases $open:path; $($case:ident),* $(,)?) => {
         $(

@@ -27,6 +27,7 @@ mod search;
 mod sqlite_config;
 mod trackables;
 mod wal_sync;
+mod webhooks;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};

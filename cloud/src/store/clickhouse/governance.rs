@@ -40,7 +40,7 @@ const RECEIPT_SELECT: &str = "SELECT id, writer, sequence, prev_hash, content_ha
         outcome, trace_id, decision_id, body
     FROM governance_receipts";
 
-fn limit_arg(limit: usize) -> u64 {
+pub(super) fn limit_arg(limit: usize) -> u64 {
     u64::try_from(limit).unwrap_or(u64::MAX)
 }
 

@@ -23,7 +23,7 @@ const PLANS: &str = "tracking_plans";
 const TRAILS: &str = "proof_trails";
 const RECEIPT_COLUMNS: &str = "id, writer, sequence, prev_hash, content_hash, created_at, outcome, trace_id, decision_id, body";
 
-fn limit_arg(limit: usize) -> i64 {
+pub(super) fn limit_arg(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 

@@ -281,6 +281,28 @@ CREATE TABLE IF NOT EXISTS export_receipts (
 CREATE INDEX IF NOT EXISTS export_receipts_trail
     ON export_receipts (workspace_id, proof_trail_id) WHERE proof_trail_id IS NOT NULL;
 
+-- Webhooks (docs/webhooks.md): a deleted one keeps its row, marked, so
+-- its delivery log stays explained. Ids are time-ordered: the key lists
+-- oldest first.
+CREATE TABLE IF NOT EXISTS webhooks (
+    workspace_id TEXT NOT NULL,
+    id           TEXT NOT NULL,
+    deleted_at   INTEGER,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, id)
+) WITHOUT ROWID;
+
+-- Every delivery attempt, in the order the log is read (newest last).
+CREATE TABLE IF NOT EXISTS webhook_attempts (
+    workspace_id TEXT NOT NULL,
+    webhook_id   TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    delivery_id  TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, webhook_id, created_at, delivery_id, attempt)
+) WITHOUT ROWID;
+
 -- Trackables (docs/trackables.md). `code` is unique per workspace and is
 -- what events carry in `trackable.code` (matched through `events_trackable`);
 -- `scan_code` is unique across workspaces: the public `/r/{scan_code}` link

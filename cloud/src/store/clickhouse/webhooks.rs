@@ -1,0 +1,127 @@
+//! Webhooks on ClickHouse: subscriptions in a ReplacingMergeTree (a
+//! deletion is a newer version; reads take `argMax(..., version)` per id,
+//! exact before and after merges) and the attempt log appended row by row.
+
+use async_trait::async_trait;
+use clickhouse::Row;
+use serde::Serialize;
+
+use super::governance::limit_arg;
+use super::{ClickHouseStore, Sent, run};
+use crate::error::Result;
+use crate::store::governance::{from_json, to_json};
+use crate::store::webhooks::{Webhook, WebhookAttempt, WebhookStore};
+
+#[derive(Row, Serialize)]
+struct WebhookRow<'a> {
+    workspace_id: &'a str,
+    id: &'a str,
+    deleted_at: i64,
+    body: &'a str,
+    version: u64,
+}
+
+#[derive(Row, Serialize)]
+struct AttemptRow<'a> {
+    workspace_id: &'a str,
+    webhook_id: &'a str,
+    created_at: i64,
+    delivery_id: &'a str,
+    attempt: u32,
+    body: &'a str,
+}
+
+#[async_trait]
+impl WebhookStore for ClickHouseStore {
+    async fn insert_webhook(&self, ws: &str, webhook: &Webhook) -> Result<()> {
+        let body = to_json(webhook)?;
+        let row = WebhookRow {
+            workspace_id: ws,
+            id: &webhook.id,
+            deleted_at: 0,
+            body: &body,
+            version: self.clock.next(),
+        };
+        self.insert_rows::<WebhookRow<'_>>("webhooks", &[row]).await
+    }
+
+    async fn list_webhooks(&self, ws: &str, limit: usize) -> Result<Vec<Webhook>> {
+        let bodies: Vec<String> = run(self
+            .client
+            .query(
+                "SELECT argMax(body, version) FROM webhooks WHERE workspace_id = ?
+                 GROUP BY id HAVING argMax(deleted_at, version) = 0 ORDER BY id LIMIT ?",
+            )
+            .bind(ws)
+            .bind(limit_arg(limit))
+            .sent()
+            .fetch_all())
+        .await?;
+        bodies.iter().map(|body| from_json(body)).collect()
+    }
+
+    async fn delete_webhook(&self, ws: &str, id: &str, at_ms: i64) -> Result<bool> {
+        // Read and mark under the workspace's lock, so that two deletions
+        // of this process agree on which one deleted.
+        let lock = self.lock_for(ws)?;
+        let _guard = lock.lock().await;
+        let current: Vec<String> = run(self
+            .client
+            .query(
+                "SELECT argMax(body, version) FROM webhooks WHERE workspace_id = ? AND id = ?
+                 GROUP BY id HAVING argMax(deleted_at, version) = 0",
+            )
+            .bind(ws)
+            .bind(id)
+            .sent()
+            .fetch_all())
+        .await?;
+        let Some(body) = current.first() else {
+            return Ok(false);
+        };
+        let row = WebhookRow {
+            workspace_id: ws,
+            id,
+            deleted_at: at_ms.max(1),
+            body,
+            version: self.clock.next(),
+        };
+        self.insert_rows::<WebhookRow<'_>>("webhooks", &[row]).await?;
+        Ok(true)
+    }
+
+    async fn insert_webhook_attempt(&self, ws: &str, attempt: &WebhookAttempt) -> Result<()> {
+        let body = to_json(attempt)?;
+        let row = AttemptRow {
+            workspace_id: ws,
+            webhook_id: &attempt.webhook_id,
+            created_at: attempt.created_at,
+            delivery_id: &attempt.delivery_id,
+            attempt: attempt.attempt,
+            body: &body,
+        };
+        self.insert_rows::<AttemptRow<'_>>("webhook_attempts", &[row]).await
+    }
+
+    async fn list_webhook_attempts(
+        &self,
+        ws: &str,
+        webhook_id: &str,
+        limit: usize,
+    ) -> Result<Vec<WebhookAttempt>> {
+        let bodies: Vec<String> = run(self
+            .client
+            .query(
+                "SELECT any(body) FROM webhook_attempts WHERE workspace_id = ? AND webhook_id = ?
+                 GROUP BY created_at, delivery_id, attempt
+                 ORDER BY created_at DESC, delivery_id DESC, attempt DESC LIMIT ?",
+            )
+            .bind(ws)
+            .bind(webhook_id)
+            .bind(limit_arg(limit))
+            .sent()
+            .fetch_all())
+        .await?;
+        bodies.iter().map(|body| from_json(body)).collect()
+    }
+}

@@ -1,0 +1,99 @@
+//! Webhooks in the embedded store: subscriptions with a deletion mark, and
+//! an append-only log of delivery attempts. Both keep the JSON body the
+//! API reads; the columns beside it serve the lookups.
+
+use async_trait::async_trait;
+use rusqlite::params;
+
+use super::governance::limit_arg;
+use super::{EmbeddedStore, sql};
+use crate::error::Result;
+use crate::store::governance::{from_json, to_json};
+use crate::store::webhooks::{Webhook, WebhookAttempt, WebhookStore};
+
+#[async_trait]
+impl WebhookStore for EmbeddedStore {
+    async fn insert_webhook(&self, ws: &str, webhook: &Webhook) -> Result<()> {
+        let (ws, id, body) = (ws.to_owned(), webhook.id.clone(), to_json(webhook)?);
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO webhooks (workspace_id, id, body) VALUES (?1, ?2, ?3)",
+            )
+            .and_then(|mut s| s.execute(params![ws, id, body]))
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_webhooks(&self, ws: &str, limit: usize) -> Result<Vec<Webhook>> {
+        let ws = ws.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT body FROM webhooks WHERE workspace_id = ?1 AND deleted_at IS NULL
+                     ORDER BY id LIMIT ?2",
+                )
+                .map_err(sql)?;
+            let rows = stmt
+                .query_map(params![ws, limit_arg(limit)], |r| r.get::<_, String>(0))
+                .map_err(sql)?;
+            rows.map(|row| from_json(&row.map_err(sql)?)).collect()
+        })
+        .await
+    }
+
+    async fn delete_webhook(&self, ws: &str, id: &str, at_ms: i64) -> Result<bool> {
+        let (ws, id) = (ws.to_owned(), id.to_owned());
+        self.write(move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE webhooks SET deleted_at = ?3
+                     WHERE workspace_id = ?1 AND id = ?2 AND deleted_at IS NULL",
+                )
+                .and_then(|mut s| s.execute(params![ws, id, at_ms]))
+                .map_err(sql)?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    async fn insert_webhook_attempt(&self, ws: &str, attempt: &WebhookAttempt) -> Result<()> {
+        let (ws, a, body) = (ws.to_owned(), attempt.clone(), to_json(attempt)?);
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO webhook_attempts
+                    (workspace_id, webhook_id, created_at, delivery_id, attempt, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![ws, a.webhook_id, a.created_at, a.delivery_id, a.attempt, body])
+            })
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_webhook_attempts(
+        &self,
+        ws: &str,
+        webhook_id: &str,
+        limit: usize,
+    ) -> Result<Vec<WebhookAttempt>> {
+        let (ws, webhook_id) = (ws.to_owned(), webhook_id.to_owned());
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT body FROM webhook_attempts WHERE workspace_id = ?1 AND webhook_id = ?2
+                     ORDER BY created_at DESC, delivery_id DESC, attempt DESC LIMIT ?3",
+                )
+                .map_err(sql)?;
+            let rows = stmt
+                .query_map(params![ws, webhook_id, limit_arg(limit)], |r| r.get::<_, String>(0))
+                .map_err(sql)?;
+            rows.map(|row| from_json(&row.map_err(sql)?)).collect()
+        })
+        .await
+    }
+}

@@ -1,0 +1,71 @@
+//! Webhooks in the [`Store`](super::Store) seam: the subscriptions of a
+//! workspace (URL, event kinds, signing secret) and the log of every
+//! delivery attempt. Delivering is [`crate::webhooks`]'s job; the store
+//! only keeps what it is given, scoped to a workspace like everything else.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::Result;
+
+/// A subscription as stored, secret included: signing needs the secret
+/// itself, so it is kept as given (like the signing secrets of other
+/// webhook senders) and never shown by the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Webhook {
+    /// `whk_...`
+    pub id: String,
+    pub url: String,
+    /// Event kinds delivered, e.g. `enforcement.decided`.
+    pub events: Vec<String>,
+    pub secret: String,
+    pub created_at: i64,
+}
+
+/// One attempt to deliver one event to one webhook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookAttempt {
+    /// `whd_...`: the delivery, the same on every attempt (sent as
+    /// `X-Opgraph-Delivery` and `Idempotency-Key`, so a receiver can drop
+    /// a repeat).
+    pub delivery_id: String,
+    pub webhook_id: String,
+    /// The event kind, e.g. `enforcement.decided`.
+    pub event: String,
+    /// What the event is about: a receipt's or an export receipt's id.
+    pub subject: String,
+    /// 1 for the first try.
+    pub attempt: u32,
+    /// `succeeded` (a 2xx answer) or `failed`.
+    pub status: String,
+    /// HTTP status of the answer; absent when none came.
+    pub response_status: Option<u16>,
+    pub error: Option<String>,
+    /// When the next attempt is due (ms since the epoch); absent when this
+    /// attempt succeeded or was the last.
+    pub next_attempt_at: Option<i64>,
+    /// SHA-256 of the exact bytes sent, the same on every attempt.
+    pub payload_hash: String,
+    pub created_at: i64,
+}
+
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    /// Stores a new webhook.
+    async fn insert_webhook(&self, ws: &str, webhook: &Webhook) -> Result<()>;
+    /// The workspace's webhooks not deleted, oldest first, at most `limit`.
+    async fn list_webhooks(&self, ws: &str, limit: usize) -> Result<Vec<Webhook>>;
+    /// `false` when `ws` has no webhook `id` not deleted already.
+    async fn delete_webhook(&self, ws: &str, id: &str, at_ms: i64) -> Result<bool>;
+    async fn insert_webhook_attempt(&self, ws: &str, attempt: &WebhookAttempt) -> Result<()>;
+    /// Attempts of one webhook, newest first.
+    async fn list_webhook_attempts(
+        &self,
+        ws: &str,
+        webhook_id: &str,
+        limit: usize,
+    ) -> Result<Vec<WebhookAttempt>>;
+}

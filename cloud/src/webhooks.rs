@@ -1,0 +1,306 @@
+//! Webhook deliveries: when something a workspace's webhooks subscribe to
+//! happens (an enforcement decided, an export failed), each of them gets a
+//! signed `POST`, retried with exponential backoff until it answers 2xx or
+//! the attempts run out, every attempt recorded in the delivery log.
+//! Reference: `docs/webhooks.md`.
+//!
+//! Deliveries run in the background: the request that caused one never
+//! waits for it. Which webhooks a workspace has is cached for
+//! [`CACHE_TTL`], so that the paths that notify (enforcement is one of the
+//! hottest) pay a map lookup, not a store read; a change made through this
+//! process applies at once, one made through another within the TTL.
+//!
+//! Deliveries waiting for a retry live in memory: a restart drops them
+//! (counted as `abandoned` and logged at shutdown). The delivery log says
+//! which were not delivered.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::Method;
+use rand::Rng;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::governance::hash::sha256_hex;
+use crate::outbound::{self, Answer};
+use crate::store::Store;
+use crate::store::webhooks::{Webhook, WebhookAttempt};
+use crate::telemetry::Metrics;
+
+/// An enforcement call recorded its receipt; `data` is the receipt.
+pub const ENFORCEMENT_DECIDED: &str = "enforcement.decided";
+/// A destination export or proof push failed; `data` is its export receipt.
+pub const EXPORT_FAILED: &str = "export.failed";
+/// The event kinds a webhook may subscribe to.
+pub const KINDS: [&str; 2] = [ENFORCEMENT_DECIDED, EXPORT_FAILED];
+
+/// How long a workspace's webhooks are taken from the cache.
+const CACHE_TTL: Duration = Duration::from_secs(5);
+/// Deliveries outstanding at once (sending, or waiting for a retry); past
+/// it a new one is dropped, counted and logged, so that a receiver that
+/// is down cannot make the cloud hold an unbounded backlog in memory.
+const MAX_OUTSTANDING: usize = 10_000;
+/// Requests in flight at once, across webhooks.
+const MAX_SENDING: usize = 32;
+/// Most webhooks a delivery is fanned out to: a workspace's whole list.
+pub const MAX_PER_WORKSPACE: usize = 100;
+
+type Hooks = Arc<Vec<Webhook>>;
+
+pub struct Webhooks {
+    store: Arc<dyn Store>,
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    /// Per workspace: when read, and its webhooks.
+    cache: Mutex<HashMap<String, (Instant, Hooks)>>,
+    outstanding: AtomicUsize,
+    sending: Semaphore,
+}
+
+impl Webhooks {
+    pub fn new(store: Arc<dyn Store>, config: Arc<Config>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Webhooks {
+            store,
+            config,
+            metrics,
+            cache: Mutex::new(HashMap::new()),
+            outstanding: AtomicUsize::new(0),
+            sending: Semaphore::new(MAX_SENDING),
+        })
+    }
+
+    /// Forgets the cached webhooks of `ws` (after one was created or
+    /// deleted here).
+    pub fn invalidate(&self, ws: &str) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.remove(ws);
+        }
+    }
+
+    /// Deliveries sending or waiting for a retry.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Delivers a `kind` event about `subject` to every webhook of `ws`
+    /// subscribed to it, in the background. `data` is built only when one
+    /// is (or when the cache must be refreshed first).
+    pub fn notify(
+        self: &Arc<Self>,
+        ws: &str,
+        kind: &'static str,
+        subject: &str,
+        data: impl FnOnce() -> Value,
+    ) {
+        let cached = self.cached(ws);
+        let (ws, subject) = (ws.to_owned(), subject.to_owned());
+        match cached {
+            Some(hooks) => {
+                if hooks.iter().any(|h| h.events.iter().any(|e| e == kind)) {
+                    self.fan_out(&ws, &hooks, kind, &subject, Arc::new(data()));
+                }
+            }
+            None => {
+                let data = Arc::new(data());
+                let this = Arc::clone(self);
+                tokio::spawn(async move {
+                    match this.webhooks_of(&ws).await {
+                        Ok(hooks) => this.fan_out(&ws, &hooks, kind, &subject, data),
+                        Err(error) => {
+                            this.count("dropped");
+                            tracing::warn!(%error, workspace = %ws, kind, "webhooks not read; event not delivered");
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// The cached webhooks of `ws`, unless stale.
+    fn cached(&self, ws: &str) -> Option<Hooks> {
+        let cache = self.cache.lock().ok()?;
+        cache.get(ws).filter(|(at, _)| at.elapsed() < CACHE_TTL).map(|(_, h)| Arc::clone(h))
+    }
+
+    /// The webhooks of `ws`, from the cache while fresh.
+    async fn webhooks_of(&self, ws: &str) -> Result<Hooks> {
+        if let Some(hooks) = self.cached(ws) {
+            return Ok(hooks);
+        }
+        let hooks = Arc::new(self.store.list_webhooks(ws, MAX_PER_WORKSPACE).await?);
+        let mut cache = self.cache.lock().map_err(|_| Error::internal("webhook cache poisoned"))?;
+        cache.insert(ws.to_owned(), (Instant::now(), Arc::clone(&hooks)));
+        Ok(hooks)
+    }
+
+    fn fan_out(
+        self: &Arc<Self>,
+        ws: &str,
+        hooks: &[Webhook],
+        kind: &'static str,
+        subject: &str,
+        data: Arc<Value>,
+    ) {
+        for hook in hooks.iter().filter(|h| h.events.iter().any(|e| e == kind)) {
+            if self.outstanding.fetch_add(1, Ordering::Relaxed) >= MAX_OUTSTANDING {
+                self.outstanding.fetch_sub(1, Ordering::Relaxed);
+                self.count("dropped");
+                tracing::warn!(workspace = %ws, webhook = %hook.id, kind, "{MAX_OUTSTANDING} webhook deliveries outstanding; this one is dropped");
+                continue;
+            }
+            let delivery = Delivery {
+                id: crate::ids::new_id("whd"),
+                ws: ws.to_owned(),
+                hook: hook.clone(),
+                kind,
+                subject: subject.to_owned(),
+            };
+            let this = Arc::clone(self);
+            let data = Arc::clone(&data);
+            tokio::spawn(async move {
+                this.deliver(delivery, &data).await;
+                this.outstanding.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+    }
+
+    /// Tries `delivery` until it succeeds, the attempts run out or the
+    /// webhook is deleted, recording every attempt.
+    async fn deliver(&self, delivery: Delivery, data: &Value) {
+        let Delivery { id, ws, hook, kind, subject } = delivery;
+        let created_at = crate::now_ms();
+        let payload = json!({
+            "id": id, "type": kind, "workspaceId": ws, "createdAt": created_at, "data": data,
+        });
+        let payload = match serde_json::to_vec(&payload) {
+            Ok(bytes) => Bytes::from(bytes),
+            Err(error) => {
+                tracing::error!(%error, webhook = %hook.id, "webhook payload not serialised");
+                return;
+            }
+        };
+        let payload_hash = sha256_hex(&payload);
+        let max_attempts = self.config.webhooks.max_attempts;
+        for attempt in 1..=max_attempts {
+            let (response_status, error) = self.send(&hook, kind, &id, attempt, &payload).await;
+            let succeeded = error.is_none();
+            let wait = backoff(self.config.webhooks.retry_base, attempt);
+            let last = succeeded || attempt == max_attempts;
+            let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+            let record = WebhookAttempt {
+                delivery_id: id.clone(),
+                webhook_id: hook.id.clone(),
+                event: kind.to_owned(),
+                subject: subject.clone(),
+                attempt,
+                status: if succeeded { "succeeded" } else { "failed" }.to_owned(),
+                response_status,
+                error: error.clone(),
+                next_attempt_at: (!last).then(|| crate::now_ms().saturating_add(wait_ms)),
+                payload_hash: payload_hash.clone(),
+                created_at: crate::now_ms(),
+            };
+            if let Err(e) = self.store.insert_webhook_attempt(&ws, &record).await {
+                tracing::warn!(error = %e, webhook = %hook.id, delivery = %id, "webhook attempt not logged");
+            }
+            self.count(if succeeded { "succeeded" } else { "failed" });
+            if last {
+                if let Some(error) = error {
+                    tracing::warn!(%error, webhook = %hook.id, delivery = %id, attempt, "webhook delivery failed for good");
+                }
+                return;
+            }
+            tokio::time::sleep(wait).await;
+            // Deleted meanwhile: stop. A store that cannot say is no
+            // reason to give up.
+            if let Ok(hooks) = self.webhooks_of(&ws).await
+                && !hooks.iter().any(|h| h.id == hook.id)
+            {
+                return;
+            }
+        }
+    }
+
+    /// One attempt: `(response status, error)`, the error `None` on a 2xx.
+    async fn send(
+        &self,
+        hook: &Webhook,
+        kind: &str,
+        id: &str,
+        attempt: u32,
+        payload: &Bytes,
+    ) -> (Option<u16>, Option<String>) {
+        let headers = (|| -> Result<_> {
+            let mut headers =
+                outbound::signature_headers(Some(&hook.secret), crate::now_ms(), payload)?;
+            headers.push(outbound::header("x-opgraph-event", kind)?);
+            headers.push(outbound::header("x-opgraph-delivery", id)?);
+            headers.push(outbound::header("x-opgraph-attempt", &attempt.to_string())?);
+            headers.push(outbound::header("idempotency-key", id)?);
+            Ok(headers)
+        })();
+        let headers = match headers {
+            Ok(headers) => headers,
+            Err(e) => return (None, Some(e.to_string())),
+        };
+        let exports = &self.config.exports;
+        let target = outbound::Target {
+            setting: "webhook url",
+            url: &hook.url,
+            ca_file: exports.ca_file.as_deref(),
+            timeout: exports.timeout,
+            public_only: !exports.allow_private_networks,
+        };
+        let _permit = self.sending.acquire().await;
+        match outbound::send(target, Method::POST, payload.clone(), &headers).await {
+            Ok(Answer { status, .. }) if (200..300).contains(&status) => (Some(status), None),
+            Ok(Answer { status, body }) => {
+                let text: String = String::from_utf8_lossy(&body).chars().take(200).collect();
+                (Some(status), Some(format!("HTTP {status}: {text}")))
+            }
+            Err(error) => (None, Some(error)),
+        }
+    }
+
+    fn count(&self, outcome: &str) {
+        self.metrics.webhook(outcome);
+    }
+}
+
+struct Delivery {
+    id: String,
+    ws: String,
+    hook: Webhook,
+    kind: &'static str,
+    subject: String,
+}
+
+/// The wait after failed attempt `attempt` (1-based): `base` doubled per
+/// attempt before, plus up to a quarter at random.
+fn backoff(base: Duration, attempt: u32) -> Duration {
+    let wait = base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20));
+    let jitter = rand::rng().random_range(0.0..0.25);
+    wait.saturating_add(wait.mul_f64(jitter))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_bounded_jitter() {
+        let base = Duration::from_secs(30);
+        for (attempt, expected) in [(1, 30), (2, 60), (3, 120), (5, 480)] {
+            let wait = backoff(base, attempt);
+            let low = Duration::from_secs(expected);
+            assert!(wait >= low && wait <= low.mul_f64(1.25), "attempt {attempt}: {wait:?}");
+        }
+        assert!(backoff(Duration::from_secs(3600), 40) > Duration::ZERO, "no overflow");
+    }
+}
