@@ -8,4 +8,6 @@ cd "$(dirname "$0")/.."
 
 bash deploy/scripts/install-test-deps.sh
 cargo build --workspace --bins
+# The firmware codec must stay `no_std`: the firmware links it as it is.
+cargo check -p opgraph-firmware-bridge --no-default-features --lib
 cargo test --workspace "$@"

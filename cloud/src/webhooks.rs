@@ -6,7 +6,7 @@
 //!
 //! Deliveries run in the background: the request that caused one never
 //! waits for it. Which webhooks a workspace has is cached for
-//! [`CACHE_TTL`], so that the paths that notify (enforcement is one of the
+//! five seconds, so that the paths that notify (enforcement is one of the
 //! hottest) pay a map lookup, not a store read; a change made through this
 //! process applies at once, one made through another within the TTL.
 //!

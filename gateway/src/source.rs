@@ -2,7 +2,7 @@
 //! events in the buffer.
 //!
 //! One [`Source`] per configured device connection, one file per kind
-//! (`source/mqtt.rs`; serial, Modbus and robots come next), each with its
+//! (`source/mqtt.rs`, `serial.rs`, `modbus.rs`, `firmware.rs`), each with its
 //! config beside it, collected in [`SourcesConfig`] (`[sources]` in the
 //! TOML). A source maps each message with [`mapping`] rules, hands the
 //! records to its [`Intake`] and acknowledges its device only once
@@ -10,6 +10,7 @@
 //! What every source counts is in [`health`], shown on `/health` and
 //! `/metrics`.
 
+pub mod firmware;
 pub mod health;
 pub mod mapping;
 pub mod modbus;
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::buffer::Buffer;
 use crate::error::Result;
 
+pub use self::firmware::{FirmwareSource, FirmwareSourceConfig};
 pub use self::health::{SourceHealth, SourceSet};
 use self::mapping::{Mapped, Reject};
 pub use self::modbus::{ModbusSource, ModbusSourceConfig};
@@ -76,6 +78,9 @@ pub struct SourcesConfig {
     /// Barcode scanners and RFID readers on serial ports
     /// (`[[sources.serial]]`), one table each.
     pub serial: Vec<SerialSourceConfig>,
+    /// Microcontrollers speaking Opgraph's framed protocol on serial ports
+    /// (`[[sources.firmware]]`, docs/firmware.md), one table each.
+    pub firmware: Vec<FirmwareSourceConfig>,
 }
 
 impl SourcesConfig {
@@ -102,6 +107,9 @@ impl SourcesConfig {
         for (i, source) in self.serial.iter().enumerate() {
             problems.extend(source.problems().into_iter().map(|p| format!("serial[{i}].{p}")));
         }
+        for (i, source) in self.firmware.iter().enumerate() {
+            problems.extend(source.problems().into_iter().map(|p| format!("firmware[{i}].{p}")));
+        }
         // Health, metrics and logs key on names: unique across every kind.
         let mut seen = std::collections::HashSet::new();
         for (key, name) in self.names() {
@@ -114,11 +122,12 @@ impl SourcesConfig {
 
     /// Every source's key path and name, in config order.
     fn names(&self) -> Vec<(String, &str)> {
-        let kinds: [(&str, Vec<&String>); 4] = [
+        let kinds: [(&str, Vec<&String>); 5] = [
             ("mqtt", self.mqtt.iter().map(|s| &s.name).collect()),
             ("modbus", self.modbus.iter().map(|s| &s.name).collect()),
             ("mqtt_ingest", self.mqtt_ingest.iter().map(|s| &s.name).collect()),
             ("serial", self.serial.iter().map(|s| &s.name).collect()),
+            ("firmware", self.firmware.iter().map(|s| &s.name).collect()),
         ];
         let mut out = Vec::new();
         for (kind, names) in kinds {
@@ -186,6 +195,12 @@ impl Sources {
             let intake = Intake::new(Arc::clone(buffer), Arc::clone(&h), c.max_clock_skew);
             health.push(h);
             sources.push((Box::new(SerialSource::new(c)) as Box<dyn Source>, intake));
+        }
+        for c in &config.firmware {
+            let h = Arc::new(SourceHealth::new(&c.name, "firmware"));
+            let intake = Intake::new(Arc::clone(buffer), Arc::clone(&h), c.max_clock_skew);
+            health.push(h);
+            sources.push((Box::new(FirmwareSource::new(c)) as Box<dyn Source>, intake));
         }
         Ok(Sources { broker, listening, sources, health: Arc::new(SourceSet::new(health)) })
     }

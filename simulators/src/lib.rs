@@ -25,6 +25,10 @@
 //! - [`barcode`]: a barcode scanner on a pseudo-terminal (`opgraph-sim
 //!   barcode`): GS1-128, Code 128 and EAN-13 lines, bad check digits and
 //!   garbage on request.
+//! - [`firmware`]: a microcontroller speaking Opgraph's framed serial
+//!   protocol on a pseudo-terminal (`opgraph-sim firmware`): readings kept
+//!   until acknowledged and sent again after a timeout or a hello request,
+//!   noise and damaged frames on request.
 //! - [`modbus`]: a Modbus TCP device serving a register map (`opgraph-sim
 //!   modbus`), placed with the gateway's own register codec; exceptions and
 //!   latency on request.
@@ -45,6 +49,7 @@
 
 pub mod barcode;
 pub mod error;
+pub mod firmware;
 pub mod fleet;
 pub mod history;
 pub mod modbus;

@@ -7,6 +7,7 @@ use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 use opgraph_simulators::Error;
 use opgraph_simulators::barcode::{self, BarcodeArgs};
+use opgraph_simulators::firmware::{self, FirmwareArgs};
 use opgraph_simulators::fleet::{self, FleetArgs};
 use opgraph_simulators::modbus::{self, ModbusArgs};
 use opgraph_simulators::proxy::cli::{self as proxy_cli, ProxyArgs};
@@ -40,6 +41,10 @@ enum Command {
     /// A barcode scanner on a pseudo-terminal: GS1 and plain codes, bad
     /// check digits and garbage on request.
     Barcode(BarcodeArgs),
+    /// A microcontroller on a pseudo-terminal speaking Opgraph's framed
+    /// serial protocol: readings resent until acknowledged, garbage on
+    /// request.
+    Firmware(FirmwareArgs),
     /// A robot fleet running missions over MQTT: runs, telemetry, faults.
     Robots(RobotsArgs),
     /// Many MQTT devices at once, for load: QoS 1 readings of ~200 bytes,
@@ -73,6 +78,7 @@ fn main() -> ExitCode {
             Command::Rfid(args) => rfid_cli::run(args).await.map(drop),
             Command::Modbus(args) => modbus::run(args).await.map(drop),
             Command::Barcode(args) => barcode::run(args).await.map(drop),
+            Command::Firmware(args) => firmware::run(args).await.map(drop),
             Command::Robots(args) => robots::run(args).await.map(drop),
             Command::Fleet(args) => fleet::run(args).await.map(drop),
         }
