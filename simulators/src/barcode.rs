@@ -18,7 +18,6 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_serial::SerialPort;
 
 use opgraph_gateway::source::serial::barcode;
 
@@ -137,12 +136,7 @@ pub fn plan(seed: u64, codes: usize, bad_check: usize, garbage: usize) -> Vec<Li
 pub async fn run(args: BarcodeArgs) -> Result<Value> {
     let seed = args.seed.unwrap_or_else(rand::random);
     let lines = plan(seed, args.codes, args.bad_check, args.garbage);
-    let (mut scanner, line_end) = tokio_serial::SerialStream::pair()
-        .map_err(|e| Error::Io { context: "opening a pty pair", source: e.into() })?;
-    let device =
-        line_end.name().ok_or_else(|| Error::InvalidConfig(vec!["the pty has no name".into()]))?;
-    let _ = std::fs::remove_file(&args.link);
-    std::os::unix::fs::symlink(&device, &args.link).map_err(Error::io("linking the pty"))?;
+    let (mut scanner, _line_end) = crate::linked_pty(&args.link)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(Error::io("SIGTERM handler"))?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(Error::io("SIGINT handler"))?;
     let mut go = signal(SignalKind::user_defined1()).map_err(Error::io("SIGUSR1 handler"))?;

@@ -47,7 +47,6 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
-use tokio_serial::SerialPort;
 
 use crate::error::{Error, Result};
 use crate::print;
@@ -98,6 +97,10 @@ pub struct FirmwareArgs {
     /// Exit as soon as the last reading is acknowledged.
     #[arg(long)]
     pub exit_after_acked: bool,
+    /// Take one reading per interval (e.g. 2s), like a sensor sampling,
+    /// instead of sending as fast as the window allows.
+    #[arg(long, value_parser = parse_duration)]
+    pub every: Option<Duration>,
 }
 
 fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
@@ -114,6 +117,8 @@ pub struct DeviceConfig {
     pub ack_timeout: Duration,
     pub garbage: usize,
     pub seed: u64,
+    /// One new reading per interval; `None`: as fast as the window allows.
+    pub every: Option<Duration>,
 }
 
 /// When [`Device::serve`] returns, besides when stopped.
@@ -231,6 +236,8 @@ pub struct Device {
     /// The last time an ack advanced or everything outstanding was sent
     /// again: the ack timeout counts from here.
     last_progress: Instant,
+    /// When the next reading is taken, with [`DeviceConfig::every`].
+    next_reading: Instant,
     decoder: Decoder<{ frame::MAX_ENCODED }>,
     line: Line,
     stats: Stats,
@@ -242,6 +249,9 @@ impl Device {
         let mut problems = Vec::new();
         if config.window == 0 {
             problems.push("window: must be at least 1".to_owned());
+        }
+        if config.every.is_some_and(|every| every.is_zero()) {
+            problems.push("every: must be more than 0".to_owned());
         }
         if config.ack_timeout.is_zero() {
             problems.push("ack-timeout: must be more than 0".to_owned());
@@ -272,6 +282,7 @@ impl Device {
             sent: 0,
             booted: false,
             last_progress: Instant::now(),
+            next_reading: Instant::now(),
             decoder: Decoder::new(),
             // A device at boot cannot know what the line carried before it
             // (a reset mid-frame): its first write ends any half frame.
@@ -327,6 +338,8 @@ impl Device {
             }
             let resend_at =
                 (!self.all_acked()).then(|| self.last_progress + self.config.ack_timeout);
+            let sample_at =
+                (self.config.every.is_some() && self.may_send()).then_some(self.next_reading);
             // Biased: after the line kept the device busy (a write timing
             // out), a signal that came meanwhile goes first.
             tokio::select! {
@@ -343,6 +356,8 @@ impl Device {
                     if read_paused_until.is_some() => read_paused_until = None,
                 () = tokio::time::sleep_until(resend_at.unwrap_or_else(Instant::now)),
                     if resend_at.is_some() => self.resend(port).await?,
+                () = tokio::time::sleep_until(sample_at.unwrap_or_else(Instant::now)),
+                    if sample_at.is_some() => self.fill_window(port).await?,
             }
         }
     }
@@ -400,7 +415,14 @@ impl Device {
     /// it: the line is down, and the ack timeout resends what is in the
     /// window once it is back.
     async fn fill_window<P: AsyncWrite + Unpin>(&mut self, port: &mut P) -> Result<()> {
-        while self.sent < self.config.readings && self.sent - self.acked < self.config.window {
+        while self.may_send() {
+            if let Some(every) = self.config.every {
+                // Sampling: one reading when it is due, the next later.
+                if Instant::now() < self.next_reading {
+                    break;
+                }
+                self.next_reading = Instant::now() + every;
+            }
             let seq = self.sent + 1;
             let frame = reading_frame(seq, now_ms()).map_err(encoding("encoding a reading"))?;
             let garbage = self.garbage_before(seq, &frame);
@@ -411,6 +433,11 @@ impl Device {
             }
         }
         Ok(())
+    }
+
+    /// Whether a new reading would fit: some are left, the window has room.
+    fn may_send(&self) -> bool {
+        self.sent < self.config.readings && self.sent - self.acked < self.config.window
     }
 
     /// The hello, then every reading in the window, in order (go-back-N).
@@ -579,12 +606,10 @@ pub async fn run(args: FirmwareArgs) -> Result<Value> {
         ack_timeout: args.ack_timeout,
         garbage: args.garbage,
         seed: args.seed.unwrap_or_else(rand::random),
+        every: args.every,
     };
     let mut device = Device::new(config)?;
-    let (mut pty, line_end) = tokio_serial::SerialStream::pair()
-        .map_err(|e| Error::Io { context: "opening a pty pair", source: e.into() })?;
-    let path =
-        line_end.name().ok_or_else(|| Error::InvalidConfig(vec!["the pty has no name".into()]))?;
+    let (mut pty, line_end) = crate::linked_pty(&args.link)?;
     // `line_end` stays open until the device stops, though only the
     // gateway reads it. Were the gateway its only holder, its restart
     // would hang the master up, and tokio keeps a hang-up for good: every
@@ -593,8 +618,6 @@ pub async fn run(args: FirmwareArgs) -> Result<Value> {
     // never hangs up; what the device writes while the gateway is away
     // waits in the pty for the restarted gateway, which takes the stale
     // frames as resends, and a full buffer times the writes out.
-    let _ = std::fs::remove_file(&args.link);
-    std::os::unix::fs::symlink(&path, &args.link).map_err(Error::io("linking the pty"))?;
     let result = serve_cli(&args, &mut device, &mut pty).await;
     drop(line_end);
     let _ = std::fs::remove_file(&args.link);

@@ -69,6 +69,22 @@ pub(crate) fn print(text: &str) -> Result<()> {
     out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(Error::io("writing stdout"))
 }
 
+/// A pseudo-terminal pair for a serial device: the device's end, and the
+/// line's end, which `link` (replaced if it exists) points to for the
+/// gateway to open.
+pub(crate) fn linked_pty(
+    link: &std::path::Path,
+) -> Result<(tokio_serial::SerialStream, tokio_serial::SerialStream)> {
+    use tokio_serial::SerialPort;
+    let (device, line_end) = tokio_serial::SerialStream::pair()
+        .map_err(|e| Error::Io { context: "opening a pty pair", source: e.into() })?;
+    let path =
+        line_end.name().ok_or_else(|| Error::InvalidConfig(vec!["the pty has no name".into()]))?;
+    let _ = std::fs::remove_file(link);
+    std::os::unix::fs::symlink(&path, link).map_err(Error::io("linking the pty"))?;
+    Ok((device, line_end))
+}
+
 /// A `--broker HOST:PORT` (IPv6 hosts in brackets) as host and port, for
 /// the simulators that publish over MQTT.
 pub(crate) fn broker_endpoint(broker: &str) -> Result<(String, u16)> {

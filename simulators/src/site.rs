@@ -3,8 +3,8 @@
 //! The cloud on the embedded store, one gateway (with the embedded MQTT
 //! broker) shipping to it over gRPC, and a simulator for each device kind
 //! the gateway reads: RFID readers and a robot fleet publishing over MQTT,
-//! a barcode scanner
-//! on a pseudo-terminal, a PLC serving Modbus TCP. It prints the API key
+//! a barcode scanner on a pseudo-terminal, a temperature sensor speaking
+//! the firmware protocol on another, a PLC serving Modbus TCP. It prints the API key
 //! and where to look, then a live count of events flowing, until Ctrl-C
 //! stops everything cleanly. State lives in `--dir` (kept between runs:
 //! the same key, the events so far, the gateway's buffer).
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::barcode::BarcodeArgs;
 use crate::error::{Error, Result};
+use crate::firmware::FirmwareArgs;
 use crate::modbus::ModbusArgs;
 use crate::rfid::cli::RfidArgs;
 use crate::robots::RobotsArgs;
@@ -87,8 +88,9 @@ pub async fn run(args: SiteArgs) -> Result<()> {
     let plc = tokio::spawn(logged("plc", crate::modbus::run(plc)));
     wait_for(args.modbus, None).await?;
 
-    let scanner_link = dir.join("scanner");
-    let gateway_config = write(dir, "gateway.toml", &gateway_toml(&args, &cert, &scanner_link))?;
+    let (scanner_link, sensor_link) = (dir.join("scanner"), dir.join("sensor"));
+    let gateway_toml = gateway_toml(&args, &cert, &scanner_link, &sensor_link);
+    let gateway_config = write(dir, "gateway.toml", &gateway_toml)?;
     let env_key = key.clone();
     let gateway_config = opgraph_gateway::config::Config::load(&gateway_config, move |k| {
         (k == "OPGRAPH_GATEWAY_API_KEY").then(|| env_key.clone())
@@ -152,6 +154,22 @@ pub async fn run(args: SiteArgs) -> Result<()> {
         every: Some(Duration::from_secs(2)),
     };
     let scanner = tokio::spawn(logged("barcode scanner", crate::barcode::run(scanner)));
+    // A cold-store probe sampling every two seconds, for as long as the
+    // site runs.
+    let sensor = FirmwareArgs {
+        link: sensor_link,
+        device_id: "cold-store-1".to_owned(),
+        boot: None,
+        readings: u32::MAX,
+        window: 8,
+        ack_timeout: Duration::from_millis(300),
+        garbage: 0,
+        seed: None,
+        summary: None,
+        exit_after_acked: false,
+        every: Some(Duration::from_secs(2)),
+    };
+    let sensor = tokio::spawn(logged("temperature sensor", crate::firmware::run(sensor)));
 
     banner(&args, &key);
     report(&args, &key, &stop).await;
@@ -162,6 +180,7 @@ pub async fn run(args: SiteArgs) -> Result<()> {
     readers.abort();
     fleet.abort();
     scanner.abort();
+    sensor.abort();
     let _ = tokio::time::timeout(Duration::from_secs(10), plc).await;
     gateway_stop.cancel();
     match tokio::time::timeout(Duration::from_secs(15), gateway).await {
@@ -215,7 +234,7 @@ fn cloud_toml(args: &SiteArgs, key: &str) -> String {
     )
 }
 
-fn gateway_toml(args: &SiteArgs, cert: &Path, scanner: &Path) -> String {
+fn gateway_toml(args: &SiteArgs, cert: &Path, scanner: &Path, sensor: &Path) -> String {
     format!(
         r#"gateway_id = "site-gateway-1"
 
@@ -258,6 +277,11 @@ path = {scanner:?}
 protocol = "barcode"
 device = {{ type = "scanner", id = "dock-1" }}
 
+[[sources.firmware]]
+name = "cold-store-sensor"
+port = {{ path = {sensor:?}, baud = 115200 }}
+device_type = "sensor"
+
 [[sources.modbus]]
 name = "press-plc"
 tcp = "{modbus}"
@@ -289,6 +313,7 @@ address = 0
         cert = cert.display().to_string(),
         mqtt = args.mqtt,
         scanner = scanner.display().to_string(),
+        sensor = sensor.display().to_string(),
         modbus = args.modbus,
         robot_rules = crate::robots::GATEWAY_RULES,
     )
@@ -358,7 +383,8 @@ fn banner(args: &SiteArgs, key: &str) {
          API key:   {key}\n\
          cloud:     http://{http}   (OpenAPI: /api/openapi)\n\
          gateway:   http://{gw}/health and /metrics\n\
-         devices:   3 RFID readers, 4 robots -> MQTT {mqtt}; barcode scanner -> {dir}/scanner; PLC -> Modbus {modbus}\n\n\
+         devices:   3 RFID readers, 4 robots -> MQTT {mqtt}; barcode scanner -> {dir}/scanner;\n\
+         \x20          temperature sensor (firmware protocol) -> {dir}/sensor; PLC -> Modbus {modbus}\n\n\
          try:       curl -s 'http://{http}/api/events?limit=5' -H 'Authorization: Bearer {key}'\n\n\
          Ctrl-C stops everything.\n",
         dir = args.dir.display(),
@@ -457,12 +483,14 @@ mod tests {
         assert_eq!(cloud.http.addr, args.http);
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("gateway.toml");
-        std::fs::write(&path, gateway_toml(&args, Path::new("/tmp/cert.pem"), Path::new("/tmp/s")))
-            .unwrap();
+        let (cert, scanner, sensor) =
+            (Path::new("/tmp/cert.pem"), Path::new("/tmp/s"), Path::new("/tmp/f"));
+        std::fs::write(&path, gateway_toml(&args, cert, scanner, sensor)).unwrap();
         let gateway = opgraph_gateway::config::Config::load(&path, |k| {
             (k == "OPGRAPH_GATEWAY_API_KEY").then(|| key.to_owned())
         });
-        assert!(gateway.is_ok(), "{gateway:?}");
+        let gateway = gateway.unwrap();
+        assert_eq!(gateway.sources.firmware[0].port.path, Path::new("/tmp/f"));
         crate::modbus::Tables::from_toml(PLC_MAP).unwrap();
         assert_eq!(metric_sum("a_total{x=\"1\"} 2\na_total 3\na_totalx 9\n", "a_total"), 5.0);
     }

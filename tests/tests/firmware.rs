@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use opgraph_tests::edge::*;
 use opgraph_tests::{Process, TEST_BOOTSTRAP_KEY};
@@ -21,6 +21,18 @@ fn firmware_source(name: &str, link: &Path) -> String {
          device_type = \"sensor\"\nbackoff_initial = \"50ms\"\nbackoff_max = \"200ms\"\n",
         path = link.display().to_string(),
     )
+}
+
+/// A cloud, and a gateway with `sources` shipping to it over gRPC; the
+/// gateway's config file, to start it again.
+async fn site(dir: &Path, sources: &str) -> (CloudProc, PathBuf, Gateway) {
+    let cloud = CloudProc::start(&dir.join("cloud"), "127.0.0.1:0", "off").await;
+    let gw_dir = dir.join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let grpc = cloud.receiver(Transport::Grpc);
+    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), sources);
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    (cloud, config, gateway)
 }
 
 /// Starts the device; `extra` are more of its flags.
@@ -84,13 +96,7 @@ async fn exactly_once(cloud: &CloudProc, readings: u32) -> Vec<Value> {
 async fn readings_arrive_exactly_once_through_line_noise() {
     let tmp = tempfile::tempdir().unwrap();
     let link = tmp.path().join("sensor");
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let grpc = cloud.receiver(Transport::Grpc);
-    let source = firmware_source("sensors", &link);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &source);
-    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let (cloud, _, gateway) = site(tmp.path(), &firmware_source("sensors", &link)).await;
     let _device = device(tmp.path(), &link, 200, &["--garbage", "6", "--seed", "11"]).await;
 
     let summary = all_acked(tmp.path(), 200).await;
@@ -111,13 +117,7 @@ async fn readings_arrive_exactly_once_through_line_noise() {
 async fn a_gateway_killed_mid_stream_loses_and_repeats_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let link = tmp.path().join("sensor");
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let grpc = cloud.receiver(Transport::Grpc);
-    let source = firmware_source("sensors", &link);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &source);
-    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let (cloud, config, gateway) = site(tmp.path(), &firmware_source("sensors", &link)).await;
     let _device = device(tmp.path(), &link, 600, &["--window", "4"]).await;
     eventually("readings flowing", DELIVERY_TIMEOUT, || async {
         let accepted = gateway.health().await["sources"][0]["accepted_total"].as_u64()?;
@@ -137,12 +137,7 @@ async fn a_gateway_killed_mid_stream_loses_and_repeats_nothing() {
 async fn the_bridge_posts_to_a_gateway_and_survives_its_own_restart() {
     let tmp = tempfile::tempdir().unwrap();
     let link = tmp.path().join("sensor");
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), "");
-    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let (cloud, _, gateway) = site(tmp.path(), "").await;
     let _device = device(tmp.path(), &link, 300, &["--garbage", "3", "--seed", "5"]).await;
     let link_arg = link.display().to_string();
     let args = ["--port", &link_arg, "--gateway", &gateway.url, "--device-type", "sensor"];

@@ -34,7 +34,13 @@ async fn the_local_site_carries_events_from_every_device_kind() {
     let site = Process::start("opgraph-site", &args, &[], &["http", "serial"]).await.unwrap();
     let key = std::fs::read_to_string(dir.join("api-key")).unwrap();
     let client = reqwest::Client::new();
-    for event in ["rfid.tag.read", "barcode.scanned", "sensor.reading", "robot.run.started"] {
+    for event in [
+        "rfid.tag.read",
+        "barcode.scanned",
+        "sensor.reading",
+        "robot.run.started",
+        "temperature.measured",
+    ] {
         eventually(event, DELIVERY_TIMEOUT, || async {
             let body: Value = client
                 .get(format!("http://{http}/api/events?limit=1&event={event}"))

@@ -26,7 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use super::mapping::Mapped;
-use super::serial::PortSettings;
+use super::serial::{self, PortSettings};
 use super::{Intake, Source, now_ms};
 use crate::backoff::Backoff;
 use crate::error::Result;
@@ -45,27 +45,18 @@ pub struct FirmwareSourceConfig {
     #[serde(default = "default_device_type")]
     pub device_type: String,
     /// Reopen backoff. Defaults `200ms` .. `10s`.
-    #[serde(default = "default_backoff_initial", with = "humantime_serde")]
+    #[serde(default = "serial::default_backoff_initial", with = "humantime_serde")]
     pub backoff_initial: Duration,
-    #[serde(default = "default_backoff_max", with = "humantime_serde")]
+    #[serde(default = "serial::default_backoff_max", with = "humantime_serde")]
     pub backoff_max: Duration,
     /// Device clocks further off than this are replaced by the receive
     /// time (and counted). Default `5min`.
-    #[serde(default = "default_skew", with = "humantime_serde")]
+    #[serde(default = "serial::default_skew", with = "humantime_serde")]
     pub max_clock_skew: Duration,
 }
 
 fn default_device_type() -> String {
     "device".to_owned()
-}
-fn default_backoff_initial() -> Duration {
-    Duration::from_millis(200)
-}
-fn default_backoff_max() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_skew() -> Duration {
-    Duration::from_secs(300)
 }
 
 impl FirmwareSourceConfig {

@@ -122,13 +122,13 @@ fn default_dwell() -> Duration {
 fn default_depart() -> Duration {
     Duration::from_secs(3)
 }
-fn default_backoff_initial() -> Duration {
+pub(super) fn default_backoff_initial() -> Duration {
     Duration::from_millis(200)
 }
-fn default_backoff_max() -> Duration {
+pub(super) fn default_backoff_max() -> Duration {
     Duration::from_secs(10)
 }
-fn default_skew() -> Duration {
+pub(super) fn default_skew() -> Duration {
     Duration::from_secs(300)
 }
 

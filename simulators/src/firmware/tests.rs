@@ -1,7 +1,7 @@
 //! The device against hosts the tests play over pty pairs of their own.
 use super::*;
 use clap::Parser;
-use tokio_serial::{SerialPortBuilderExt, SerialStream};
+use tokio_serial::{SerialPort, SerialPortBuilderExt, SerialStream};
 
 /// No test waits longer than this for anything.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -18,6 +18,7 @@ fn config(readings: u32, window: u32, ack_timeout: Duration, garbage: usize) -> 
         ack_timeout,
         garbage,
         seed: 7,
+        every: None,
     }
 }
 
@@ -418,4 +419,40 @@ fn the_flags_parse() {
     assert_eq!(defaults.ack_timeout, Duration::from_millis(300));
     assert_eq!((defaults.boot, defaults.seed, defaults.garbage), (None, None, 0));
     assert!(!defaults.exit_after_acked);
+}
+
+/// With `every`, readings are taken one per interval (on tokio's paused
+/// clock, so the spacing is exact and nothing waits for real).
+#[tokio::test(start_paused = true)]
+async fn sampling_takes_one_reading_per_interval() {
+    let every = Duration::from_secs(2);
+    let config = DeviceConfig { every: Some(every), ..config(4, 8, NEVER, 0) };
+    let mut device = Device::new(config).unwrap();
+    let (mut port, mut host) = tokio::io::duplex(64 * 1024);
+    let device = tokio::spawn(async move {
+        let mut stop = std::future::pending::<()>();
+        device.serve(&mut port, &mut stop, Until::AllAcked).await.unwrap()
+    });
+    let mut decoder = Decoder::<MAX_ENCODED>::new();
+    let mut times = Vec::new();
+    let mut buf = [0u8; 4096];
+    while times.len() < 4 {
+        let n = within(tokio::io::AsyncReadExt::read(&mut host, &mut buf)).await.unwrap();
+        let mut acks = Vec::new();
+        decoder.feed(&buf[..n], |f| {
+            let f = f.unwrap();
+            if f.kind == Kind::Reading {
+                times.push(Instant::now());
+                acks.push(f.seq);
+            }
+        });
+        for seq in acks {
+            let mut out = [0u8; MAX_ENCODED];
+            let len = frame::encode(Kind::Ack, seq, &BOOT.to_le_bytes(), &mut out).unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut host, &out[..len]).await.unwrap();
+        }
+    }
+    assert_eq!(within(device).await.unwrap(), Ended::AllAcked);
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.iter().all(|g| *g >= every), "{gaps:?}");
 }
