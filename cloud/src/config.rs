@@ -253,11 +253,22 @@ pub struct WebhooksConfig {
     /// `OPGRAPH_WEBHOOK_RETRY_BASE`.
     #[serde(with = "humantime_serde")]
     pub retry_base: Duration,
+    /// How often the workspaces with an `anomaly.detected` webhook are
+    /// checked for anomalies (hourly counts against the week before, as
+    /// business health judges them). Each anomaly is delivered once per
+    /// process. Default `5min`; `0s` turns the watcher off; at most `1h`.
+    /// Env `OPGRAPH_WEBHOOK_ANOMALY_INTERVAL`.
+    #[serde(with = "humantime_serde")]
+    pub anomaly_interval: Duration,
 }
 
 impl Default for WebhooksConfig {
     fn default() -> Self {
-        WebhooksConfig { max_attempts: 6, retry_base: Duration::from_secs(30) }
+        WebhooksConfig {
+            max_attempts: 6,
+            retry_base: Duration::from_secs(30),
+            anomaly_interval: Duration::from_secs(300),
+        }
     }
 }
 
@@ -402,6 +413,12 @@ impl Config {
         }
         if let Some(v) = env("OPGRAPH_WEBHOOK_MAX_ATTEMPTS") {
             self.webhooks.max_attempts = parsed("OPGRAPH_WEBHOOK_MAX_ATTEMPTS", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_WEBHOOK_ANOMALY_INTERVAL") {
+            self.webhooks.anomaly_interval =
+                humantime_serde::re::humantime::parse_duration(v.trim()).map_err(|e| {
+                    problem("OPGRAPH_WEBHOOK_ANOMALY_INTERVAL", format!("{e}: {v:?}"))
+                })?;
         }
         if let Some(v) = env("OPGRAPH_WEBHOOK_RETRY_BASE") {
             self.webhooks.retry_base = humantime_serde::re::humantime::parse_duration(v.trim())
@@ -567,6 +584,9 @@ impl Config {
         {
             return Err(problem("webhooks.retry_base", "must be between 1ms and 1h"));
         }
+        if self.webhooks.anomaly_interval > Duration::from_secs(3600) {
+            return Err(problem("webhooks.anomaly_interval", "must be at most 1h (0s: off)"));
+        }
         if self.rate_limit.requests_per_second > 0 && self.rate_limit.burst == 0 {
             return Err(problem("rate_limit.burst", "must be at least 1 when limiting is on"));
         }
@@ -696,6 +716,7 @@ mod tests {
             ("[webhooks]\nmax_attempts = 21\n", "webhooks.max_attempts"),
             ("[webhooks]\nretry_base = \"2h\"\n", "webhooks.retry_base"),
             ("[webhooks]\nretry_base = \"0s\"\n", "webhooks.retry_base"),
+            ("[webhooks]\nanomaly_interval = \"2h\"\n", "webhooks.anomaly_interval"),
         ] {
             let err = Config::parse(text).and_then(|c| c.validate()).unwrap_err();
             assert_eq!(err.key, key, "{text}");

@@ -51,6 +51,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     ));
 
     let flusher = tokio::spawn(flush_usage(state.clone(), shutdown.clone()));
+    let watcher = tokio::spawn(Arc::clone(&state.webhooks).watch_anomalies(shutdown.clone()));
     let app = api::routes().into_router(state.clone());
     let stop = shutdown.clone();
     // With the peer address: the scan redirect hashes it (api::scan).
@@ -69,6 +70,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     }
     let _ = flusher.await;
+    watcher.abort();
     let pending = state.webhooks.outstanding();
     if pending > 0 {
         // Held in memory only (docs/webhooks.md): say what is given up.

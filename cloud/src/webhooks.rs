@@ -10,6 +10,10 @@
 //! hottest) pay a map lookup, not a store read; a change made through this
 //! process applies at once, one made through another within the TTL.
 //!
+//! `anomaly.detected` comes from a watcher ([`Webhooks::watch_anomalies`])
+//! that runs the business-health anomaly detection over the workspaces
+//! that subscribe, every `webhooks.anomaly_interval`.
+//!
 //! Deliveries waiting for a retry live in memory: a restart drops them
 //! (counted as `abandoned` and logged at shutdown). The delivery log says
 //! which were not delivered.
@@ -24,12 +28,15 @@ use hyper::Method;
 use rand::Rng;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::governance::hash::sha256_hex;
+use crate::intelligence::{HOUR_MS, anomaly_window, detect_anomalies};
 use crate::outbound::{self, Answer};
 use crate::store::Store;
+use crate::store::queries::{Range, SeriesQuery};
 use crate::store::webhooks::{Webhook, WebhookAttempt};
 use crate::telemetry::Metrics;
 
@@ -37,8 +44,14 @@ use crate::telemetry::Metrics;
 pub const ENFORCEMENT_DECIDED: &str = "enforcement.decided";
 /// A destination export or proof push failed; `data` is its export receipt.
 pub const EXPORT_FAILED: &str = "export.failed";
+/// The anomaly watcher found an hourly count far off its week's baseline;
+/// `data` is the anomaly, as business health shows it.
+pub const ANOMALY_DETECTED: &str = "anomaly.detected";
 /// The event kinds a webhook may subscribe to.
-pub const KINDS: [&str; 2] = [ENFORCEMENT_DECIDED, EXPORT_FAILED];
+pub const KINDS: [&str; 3] = [ENFORCEMENT_DECIDED, EXPORT_FAILED, ANOMALY_DETECTED];
+/// Anomalies of hours older than this are forgotten by the watcher: they
+/// can no longer be found again.
+const ANOMALY_MEMORY_MS: i64 = 3 * HOUR_MS;
 
 /// How long a workspace's webhooks are taken from the cache.
 const CACHE_TTL: Duration = Duration::from_secs(5);
@@ -176,7 +189,8 @@ impl Webhooks {
         let Delivery { id, ws, hook, kind, subject } = delivery;
         let created_at = crate::now_ms();
         let payload = json!({
-            "id": id, "type": kind, "workspaceId": ws, "createdAt": created_at, "data": data,
+            "id": id, "type": kind, "workspaceId": ws, "subject": subject,
+            "createdAt": created_at, "data": data,
         });
         let payload = match serde_json::to_vec(&payload) {
             Ok(bytes) => Bytes::from(bytes),
@@ -266,6 +280,78 @@ impl Webhooks {
             }
             Err(error) => (None, Some(error)),
         }
+    }
+
+    /// Every `webhooks.anomaly_interval` until `shutdown`: detects the
+    /// anomalies of each workspace with an `anomaly.detected` webhook and
+    /// delivers each one once (per process: a restart may deliver an
+    /// anomaly of the current hours again, with the same `subject`).
+    pub async fn watch_anomalies(self: Arc<Self>, shutdown: CancellationToken) {
+        let every = self.config.webhooks.anomaly_interval;
+        if every.is_zero() {
+            return;
+        }
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut delivered: std::collections::HashSet<String> = std::collections::HashSet::new();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            let now = crate::now_ms();
+            let workspaces = match self.store.workspaces_with_webhooks().await {
+                Ok(workspaces) => workspaces,
+                Err(error) => {
+                    tracing::warn!(%error, "anomaly watcher: webhooks not read");
+                    continue;
+                }
+            };
+            for ws in workspaces {
+                if let Err(error) = self.anomalies_of(&ws, now, &mut delivered).await {
+                    tracing::warn!(%error, workspace = %ws, "anomaly watcher: workspace skipped");
+                }
+            }
+            // The key ends with the hour; only recent hours can come back.
+            delivered.retain(|key| {
+                key.rsplit(':')
+                    .nth(1)
+                    .and_then(|h| h.parse::<i64>().ok())
+                    .is_some_and(|hour| hour >= now - ANOMALY_MEMORY_MS)
+            });
+        }
+    }
+
+    /// One workspace's pass of the watcher.
+    async fn anomalies_of(
+        self: &Arc<Self>,
+        ws: &str,
+        now: i64,
+        delivered: &mut std::collections::HashSet<String>,
+    ) -> Result<()> {
+        let hooks = self.webhooks_of(ws).await?;
+        if !hooks.iter().any(|h| h.events.iter().any(|e| e == ANOMALY_DETECTED)) {
+            return Ok(());
+        }
+        let (from, to) = anomaly_window(now);
+        let query = SeriesQuery {
+            range: Range { from, to },
+            business_id: None,
+            event: None,
+            bucket_ms: HOUR_MS,
+            by_event: true,
+        };
+        let points = self.store.event_series(ws, &query).await?;
+        for anomaly in detect_anomalies(&points, now) {
+            let subject =
+                format!("anomaly:{}:{}:{}", anomaly.event_name, anomaly.hour, anomaly.direction);
+            if delivered.insert(format!("{ws}:{subject}")) {
+                self.notify(ws, ANOMALY_DETECTED, &subject, || {
+                    serde_json::to_value(&anomaly).unwrap_or_default()
+                });
+            }
+        }
+        Ok(())
     }
 
     fn count(&self, outcome: &str) {

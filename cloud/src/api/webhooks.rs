@@ -1,5 +1,6 @@
 //! `/api/webhooks`: a workspace's subscriptions to what Opgraph learns
-//! (`enforcement.decided`, `export.failed`) and each one's delivery log.
+//! (`enforcement.decided`, `export.failed`, `anomaly.detected`) and each
+//! one's delivery log.
 //! Delivering is [`crate::webhooks`]; reference: `docs/webhooks.md`.
 
 use std::collections::HashMap;
@@ -30,7 +31,8 @@ const MAX_URL: usize = 2048;
 pub struct CreateWebhook {
     /// `https://` URL that receives the deliveries (`POST`, JSON).
     pub url: String,
-    /// Event kinds to deliver: `enforcement.decided`, `export.failed`.
+    /// Event kinds to deliver: `enforcement.decided`, `export.failed`,
+    /// `anomaly.detected`.
     pub events: Vec<String>,
     /// Signs every delivery (HMAC-SHA256); 16 to 1024 bytes. Never shown
     /// again.
@@ -96,12 +98,8 @@ fn check(input: CreateWebhook) -> Result<(String, Vec<String>, String)> {
     for (i, kind) in input.events.iter().enumerate() {
         let kind = kind.trim();
         if !KINDS.contains(&kind) {
-            let known = KINDS.join(", ");
-            let message = if kind == "anomaly.detected" {
-                format!("`anomaly.detected` is not delivered yet; the kinds are {known}")
-            } else {
-                format!("unknown event kind {kind:?}; the kinds are {known}")
-            };
+            let message =
+                format!("unknown event kind {kind:?}; the kinds are {}", KINDS.join(", "));
             return Err(Error::validation(format!("events[{i}]"), message));
         }
         if !events.iter().any(|e| e == kind) {

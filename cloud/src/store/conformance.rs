@@ -1223,6 +1223,13 @@ pub async fn webhooks(store: &dyn Store) {
     assert!(!store.delete_webhook(WS, "whk_none", T + 6).await.unwrap());
     assert_eq!(ids(store.list_webhooks(WS, 10).await.unwrap()), ["whk_a", "whk_c"]);
     assert!(store.list_webhooks(OTHER_WS, 10).await.unwrap().is_empty());
+    assert_eq!(store.workspaces_with_webhooks().await.unwrap(), [WS]);
+    store.insert_webhook(OTHER_WS, &hook("whk_o", T)).await.unwrap();
+    let mut both = vec![WS.to_owned(), OTHER_WS.to_owned()];
+    both.sort();
+    assert_eq!(store.workspaces_with_webhooks().await.unwrap(), both);
+    assert!(store.delete_webhook(OTHER_WS, "whk_o", T + 7).await.unwrap());
+    assert_eq!(store.workspaces_with_webhooks().await.unwrap(), [WS], "deleted ones do not count");
 
     let attempt = |delivery: &str, n: u32, at: i64| WebhookAttempt {
         delivery_id: delivery.into(),

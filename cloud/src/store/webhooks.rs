@@ -58,6 +58,10 @@ pub trait WebhookStore: Send + Sync {
     async fn insert_webhook(&self, ws: &str, webhook: &Webhook) -> Result<()>;
     /// The workspace's webhooks not deleted, oldest first, at most `limit`.
     async fn list_webhooks(&self, ws: &str, limit: usize) -> Result<Vec<Webhook>>;
+    /// The workspaces that have a webhook not deleted: where the anomaly
+    /// watcher looks. Operational, across workspaces, like the workspace
+    /// count: ids only, never a webhook.
+    async fn workspaces_with_webhooks(&self) -> Result<Vec<String>>;
     /// `false` when `ws` has no webhook `id` not deleted already.
     async fn delete_webhook(&self, ws: &str, id: &str, at_ms: i64) -> Result<bool>;
     async fn insert_webhook_attempt(&self, ws: &str, attempt: &WebhookAttempt) -> Result<()>;

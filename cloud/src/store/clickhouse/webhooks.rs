@@ -60,6 +60,20 @@ impl WebhookStore for ClickHouseStore {
         bodies.iter().map(|body| from_json(body)).collect()
     }
 
+    async fn workspaces_with_webhooks(&self) -> Result<Vec<String>> {
+        run(self
+            .client
+            .query(
+                "SELECT DISTINCT workspace_id FROM (
+                    SELECT workspace_id, id FROM webhooks GROUP BY workspace_id, id
+                    HAVING argMax(deleted_at, version) = 0
+                 ) ORDER BY workspace_id",
+            )
+            .sent()
+            .fetch_all())
+        .await
+    }
+
     async fn delete_webhook(&self, ws: &str, id: &str, at_ms: i64) -> Result<bool> {
         // Read and mark under the workspace's lock, so that two deletions
         // of this process agree on which one deleted.

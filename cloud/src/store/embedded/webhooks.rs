@@ -43,6 +43,20 @@ impl WebhookStore for EmbeddedStore {
         .await
     }
 
+    async fn workspaces_with_webhooks(&self) -> Result<Vec<String>> {
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT DISTINCT workspace_id FROM webhooks WHERE deleted_at IS NULL
+                     ORDER BY workspace_id",
+                )
+                .map_err(sql)?;
+            let rows = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(sql)?;
+            rows.map(|row| row.map_err(sql)).collect()
+        })
+        .await
+    }
+
     async fn delete_webhook(&self, ws: &str, id: &str, at_ms: i64) -> Result<bool> {
         let (ws, id) = (ws.to_owned(), id.to_owned());
         self.write(move |conn| {
