@@ -52,6 +52,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let flusher = tokio::spawn(flush_usage(state.clone(), shutdown.clone()));
     let watcher = tokio::spawn(Arc::clone(&state.webhooks).watch_anomalies(shutdown.clone()));
+    tokio::spawn(Arc::clone(&state.webhooks).resume());
     let app = api::routes().into_router(state.clone());
     let stop = shutdown.clone();
     // With the peer address: the scan redirect hashes it (api::scan).
@@ -73,10 +74,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     watcher.abort();
     let pending = state.webhooks.outstanding();
     if pending > 0 {
-        // Held in memory only (docs/webhooks.md): say what is given up.
-        let outcome = crate::telemetry::OutcomeLabels { outcome: "abandoned".to_owned() };
-        state.metrics.webhooks.get_or_create(&outcome).inc_by(pending as u64);
-        tracing::warn!(pending, "webhook deliveries still pending are dropped at shutdown");
+        tracing::info!(pending, "webhook deliveries pending; the next start carries on with them");
     }
     state.usage.flush(state.store.as_ref()).await;
     store.close().await?;

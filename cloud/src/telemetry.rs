@@ -75,7 +75,7 @@ impl Metrics {
         registry.register(
             "webhook_deliveries",
             "Webhook delivery attempts by outcome (succeeded, failed), and deliveries \
-             dropped unsent (dropped) or still pending at shutdown (abandoned)",
+             dropped unsent (dropped)",
             webhooks.clone(),
         );
         Metrics { registry, requests, latency, events_ingested, rejections, webhooks }

@@ -14,9 +14,11 @@
 //! that runs the business-health anomaly detection over the workspaces
 //! that subscribe, every `webhooks.anomaly_interval`.
 //!
-//! Deliveries waiting for a retry live in memory: a restart drops them
-//! (counted as `abandoned` and logged at shutdown). The delivery log says
-//! which were not delivered.
+//! A delivery not finished is kept in the store (`PendingDelivery`: the
+//! payload, the attempts made, when the next is due) from before its first
+//! attempt to after its last, so a process stopped or killed between
+//! attempts leaves it to the next start ([`Webhooks::resume`]), which
+//! sends the same bytes under the same delivery id.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,7 +39,7 @@ use crate::intelligence::{HOUR_MS, anomaly_window, detect_anomalies};
 use crate::outbound::{self, Answer};
 use crate::store::Store;
 use crate::store::queries::{Range, SeriesQuery};
-use crate::store::webhooks::{Webhook, WebhookAttempt};
+use crate::store::webhooks::{PendingDelivery, Webhook, WebhookAttempt};
 use crate::telemetry::Metrics;
 
 /// An enforcement call recorded its receipt; `data` is the receipt.
@@ -161,83 +163,159 @@ impl Webhooks {
         data: Arc<Value>,
     ) {
         for hook in hooks.iter().filter(|h| h.events.iter().any(|e| e == kind)) {
-            if self.outstanding.fetch_add(1, Ordering::Relaxed) >= MAX_OUTSTANDING {
-                self.outstanding.fetch_sub(1, Ordering::Relaxed);
-                self.count("dropped");
+            if !self.reserve() {
                 tracing::warn!(workspace = %ws, webhook = %hook.id, kind, "{MAX_OUTSTANDING} webhook deliveries outstanding; this one is dropped");
                 continue;
             }
-            let delivery = Delivery {
-                id: crate::ids::new_id("whd"),
-                ws: ws.to_owned(),
-                hook: hook.clone(),
-                kind,
+            let id = crate::ids::new_id("whd");
+            let now = crate::now_ms();
+            let payload = json!({
+                "id": id, "type": kind, "workspaceId": ws, "subject": subject,
+                "createdAt": now, "data": *data,
+            });
+            let pending = PendingDelivery {
+                delivery_id: id,
+                webhook_id: hook.id.clone(),
+                event: kind.to_owned(),
                 subject: subject.to_owned(),
+                payload: payload.to_string(),
+                attempts: 0,
+                due_at: now,
             };
-            let this = Arc::clone(self);
-            let data = Arc::clone(&data);
+            let (this, ws, hook) = (Arc::clone(self), ws.to_owned(), hook.clone());
             tokio::spawn(async move {
-                this.deliver(delivery, &data).await;
+                this.save(&ws, &pending).await;
+                this.deliver(&ws, &hook, kind, pending).await;
                 this.outstanding.fetch_sub(1, Ordering::Relaxed);
             });
         }
     }
 
-    /// Tries `delivery` until it succeeds, the attempts run out or the
-    /// webhook is deleted, recording every attempt.
-    async fn deliver(&self, delivery: Delivery, data: &Value) {
-        let Delivery { id, ws, hook, kind, subject } = delivery;
-        let created_at = crate::now_ms();
-        let payload = json!({
-            "id": id, "type": kind, "workspaceId": ws, "subject": subject,
-            "createdAt": created_at, "data": data,
-        });
-        let payload = match serde_json::to_vec(&payload) {
-            Ok(bytes) => Bytes::from(bytes),
+    /// Counts one more outstanding delivery, unless the bound is reached
+    /// (then counts it dropped).
+    fn reserve(&self) -> bool {
+        if self.outstanding.fetch_add(1, Ordering::Relaxed) >= MAX_OUTSTANDING {
+            self.outstanding.fetch_sub(1, Ordering::Relaxed);
+            self.count("dropped");
+            return false;
+        }
+        true
+    }
+
+    /// Carries on with the deliveries an earlier process left unfinished
+    /// (stopped, or killed between attempts), each at its due time.
+    pub async fn resume(self: Arc<Self>) {
+        let pending = match self.store.pending_deliveries(MAX_OUTSTANDING).await {
+            Ok(pending) => pending,
             Err(error) => {
-                tracing::error!(%error, webhook = %hook.id, "webhook payload not serialised");
+                tracing::warn!(%error, "pending webhook deliveries not read; the next start tries again");
                 return;
             }
         };
+        let mut resumed = 0usize;
+        for (ws, pending) in pending {
+            let hook = match self.webhooks_of(&ws).await {
+                Ok(hooks) => hooks.iter().find(|h| h.id == pending.webhook_id).cloned(),
+                Err(error) => {
+                    tracing::warn!(%error, workspace = %ws, "webhooks not read; delivery left for the next start");
+                    continue;
+                }
+            };
+            let kind = KINDS.iter().copied().find(|k| *k == pending.event);
+            let (Some(hook), Some(kind)) = (hook, kind) else {
+                // Its webhook was deleted meanwhile.
+                self.finish(&ws, &pending.delivery_id).await;
+                continue;
+            };
+            if !self.reserve() {
+                break;
+            }
+            resumed += 1;
+            let this = Arc::clone(&self);
+            tokio::spawn(async move {
+                this.deliver(&ws, &hook, kind, pending).await;
+                this.outstanding.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        if resumed > 0 {
+            tracing::info!(resumed, "webhook deliveries resumed");
+        }
+    }
+
+    /// Tries `pending` from its next attempt until it succeeds, the
+    /// attempts run out or the webhook is deleted, recording every attempt
+    /// and, between attempts, what a restart needs to carry on.
+    async fn deliver(
+        &self,
+        ws: &str,
+        hook: &Webhook,
+        kind: &'static str,
+        mut pending: PendingDelivery,
+    ) {
+        let payload = Bytes::from(pending.payload.clone().into_bytes());
         let payload_hash = sha256_hex(&payload);
+        let id = pending.delivery_id.clone();
         let max_attempts = self.config.webhooks.max_attempts;
-        for attempt in 1..=max_attempts {
-            let (response_status, error) = self.send(&hook, kind, &id, attempt, &payload).await;
+        let due_in = pending.due_at.saturating_sub(crate::now_ms());
+        if due_in > 0 {
+            tokio::time::sleep(Duration::from_millis(due_in.unsigned_abs())).await;
+        }
+        for attempt in pending.attempts.saturating_add(1)..=max_attempts {
+            // Deleted meanwhile: stop. A store that cannot say is no
+            // reason to give up.
+            if attempt > 1
+                && let Ok(hooks) = self.webhooks_of(ws).await
+                && !hooks.iter().any(|h| h.id == hook.id)
+            {
+                break;
+            }
+            let (response_status, error) = self.send(hook, kind, &id, attempt, &payload).await;
             let succeeded = error.is_none();
             let wait = backoff(self.config.webhooks.retry_base, attempt);
             let last = succeeded || attempt == max_attempts;
             let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+            let next_attempt_at = (!last).then(|| crate::now_ms().saturating_add(wait_ms));
             let record = WebhookAttempt {
                 delivery_id: id.clone(),
                 webhook_id: hook.id.clone(),
                 event: kind.to_owned(),
-                subject: subject.clone(),
+                subject: pending.subject.clone(),
                 attempt,
                 status: if succeeded { "succeeded" } else { "failed" }.to_owned(),
                 response_status,
                 error: error.clone(),
-                next_attempt_at: (!last).then(|| crate::now_ms().saturating_add(wait_ms)),
+                next_attempt_at,
                 payload_hash: payload_hash.clone(),
                 created_at: crate::now_ms(),
             };
-            if let Err(e) = self.store.insert_webhook_attempt(&ws, &record).await {
+            if let Err(e) = self.store.insert_webhook_attempt(ws, &record).await {
                 tracing::warn!(error = %e, webhook = %hook.id, delivery = %id, "webhook attempt not logged");
             }
             self.count(if succeeded { "succeeded" } else { "failed" });
-            if last {
+            let Some(due_at) = next_attempt_at else {
                 if let Some(error) = error {
                     tracing::warn!(%error, webhook = %hook.id, delivery = %id, attempt, "webhook delivery failed for good");
                 }
-                return;
-            }
+                break;
+            };
+            pending.attempts = attempt;
+            pending.due_at = due_at;
+            self.save(ws, &pending).await;
             tokio::time::sleep(wait).await;
-            // Deleted meanwhile: stop. A store that cannot say is no
-            // reason to give up.
-            if let Ok(hooks) = self.webhooks_of(&ws).await
-                && !hooks.iter().any(|h| h.id == hook.id)
-            {
-                return;
-            }
+        }
+        self.finish(ws, &id).await;
+    }
+
+    /// Keeps `pending` for a restart; a store that fails costs only that.
+    async fn save(&self, ws: &str, pending: &PendingDelivery) {
+        if let Err(error) = self.store.save_pending_delivery(ws, pending).await {
+            tracing::warn!(%error, delivery = %pending.delivery_id, "pending webhook delivery not saved; a restart would drop it");
+        }
+    }
+
+    async fn finish(&self, ws: &str, delivery_id: &str) {
+        if let Err(error) = self.store.finish_pending_delivery(ws, delivery_id).await {
+            tracing::warn!(%error, delivery = %delivery_id, "finished webhook delivery not marked; a restart may send it again");
         }
     }
 
@@ -357,14 +435,6 @@ impl Webhooks {
     fn count(&self, outcome: &str) {
         self.metrics.webhook(outcome);
     }
-}
-
-struct Delivery {
-    id: String,
-    ws: String,
-    hook: Webhook,
-    kind: &'static str,
-    subject: String,
 }
 
 /// The wait after failed attempt `attempt` (1-based): `base` doubled per

@@ -329,3 +329,14 @@ CREATE TABLE IF NOT EXISTS webhook_attempts (
     attempt UInt32,
     body String
 ) ENGINE = ReplacingMergeTree() ORDER BY (workspace_id, webhook_id, created_at, delivery_id, attempt);
+
+-- Webhook deliveries not finished, for a restart to carry on with: each
+-- attempt writes a newer version, the last one with `done` set.
+CREATE TABLE IF NOT EXISTS webhook_pending (
+    workspace_id String,
+    delivery_id String,
+    due_at Int64,
+    done UInt8,
+    body String,
+    version UInt64
+) ENGINE = ReplacingMergeTree(version) ORDER BY (workspace_id, delivery_id);

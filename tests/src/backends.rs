@@ -164,6 +164,14 @@ impl BackendCloud {
         Ok(store)
     }
 
+    /// Kills the cloud with SIGKILL (no chance to finish anything),
+    /// keeping its store.
+    pub async fn kill(self) -> Result<BackendStore> {
+        let BackendCloud { cloud, store } = self;
+        cloud.process.kill9().await?;
+        Ok(store)
+    }
+
     /// [`Self::stop`], then [`BackendStore::start`].
     pub async fn restart(self) -> Result<BackendCloud> {
         self.stop().await?.start().await

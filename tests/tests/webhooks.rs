@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use opgraph_tests::backends::{Backend, BackendCloud};
+use opgraph_tests::edge::eventually;
 use opgraph_tests::https_endpoint::{self, Endpoint, header, openssl_hmac};
 use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends};
 use reqwest::{Client, Method, StatusCode};
@@ -294,6 +295,41 @@ async fn anomalies_are_delivered_once_each(backend: Backend) {
     assert_eq!(names[..3], [json!("pallet.scanned"), json!("door.opened"), json!("gate.closed")]);
 }
 
+async fn a_delivery_left_by_a_killed_cloud_is_resumed(backend: Backend) {
+    let endpoint = https_endpoint::start(vec![503, 200]).await;
+    // A second a retry: time enough to kill the cloud in between.
+    let slow = [("OPGRAPH_WEBHOOK_RETRY_BASE", "1s".to_owned())];
+    let cloud = start_with(backend, &endpoint, &slow).await;
+    let (client, key) = (client(), cloud.key.clone());
+    let body = json!({"url": endpoint.url, "events": ["enforcement.decided"], "secret": SECRET});
+    let (_, created) = create(&client, &cloud, &key, &body).await;
+    let id = created["webhook"]["id"].as_str().unwrap().to_owned();
+    let (status, decided) = cloud
+        .call(&client, &key, Method::POST, "/api/governance/enforce", Some(&enforcement()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    let first = endpoint.wait_for(1, WITHIN).await;
+    // Killed between the failed attempt and its retry.
+    let cloud = cloud.kill().await.unwrap().start().await.unwrap();
+    let received = endpoint.wait_for(2, WITHIN).await;
+    let (head, body) = &received[1];
+    let delivery = header(&first[0].0, "x-opgraph-delivery").unwrap();
+    assert_eq!(header(head, "x-opgraph-delivery"), Some(delivery), "the same delivery");
+    assert_eq!(body, &first[0].1, "the same bytes");
+    assert_signed(head, body);
+    // The killed cloud may not have logged its attempt; the resumed one
+    // logs the success.
+    let path = format!("/api/webhooks/{id}/deliveries");
+    let done = eventually("the success logged", WITHIN, || async {
+        let (_, log) = cloud.call(&client, &key, Method::GET, &path, None).await;
+        let newest = log["deliveries"].get(0)?.clone();
+        (newest["status"] == "succeeded").then_some(newest)
+    })
+    .await;
+    assert_eq!(done["deliveryId"], delivery);
+    assert_eq!(done["subject"], decided["receiptId"]);
+}
+
 async fn bad_webhooks_are_refused(backend: Backend) {
     let endpoint = https_endpoint::start(vec![200]).await;
     let cloud = start(backend, &endpoint).await;
@@ -369,5 +405,6 @@ both_backends!(
     enforcement_is_delivered_signed_and_retried,
     export_failures_reach_subscribers_until_attempts_run_out,
     anomalies_are_delivered_once_each,
+    a_delivery_left_by_a_killed_cloud_is_resumed,
     bad_webhooks_are_refused,
 );

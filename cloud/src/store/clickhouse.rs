@@ -587,6 +587,7 @@ impl ClickHouseStore {
             ("trackables", "version"),
             ("connector_records", "version"),
             ("webhooks", "version"),
+            ("webhook_pending", "version"),
         ] {
             let max: u64 = retried(|| {
                 client.query(&format!("SELECT max({column}) FROM {table}")).sent().fetch_one()

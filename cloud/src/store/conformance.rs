@@ -1254,6 +1254,37 @@ pub async fn webhooks(store: &dyn Store) {
     assert_eq!(store.list_webhook_attempts(WS, "whk_a", 1).await.unwrap().len(), 1);
     assert!(store.list_webhook_attempts(WS, "whk_c", 10).await.unwrap().is_empty());
     assert!(store.list_webhook_attempts(OTHER_WS, "whk_a", 10).await.unwrap().is_empty());
+
+    use super::webhooks::PendingDelivery;
+    let pending = |id: &str, attempts: u32, due_at: i64| PendingDelivery {
+        delivery_id: id.into(),
+        webhook_id: "whk_a".into(),
+        event: "enforcement.decided".into(),
+        subject: "rcp_1".into(),
+        payload: "{\"id\":\"x\"}".into(),
+        attempts,
+        due_at,
+    };
+    store.save_pending_delivery(WS, &pending("whd_1", 0, T + 50)).await.unwrap();
+    store.save_pending_delivery(OTHER_WS, &pending("whd_2", 0, T + 10)).await.unwrap();
+    store.save_pending_delivery(WS, &pending("whd_1", 1, T + 5)).await.unwrap();
+    store.save_pending_delivery(WS, &pending("whd_3", 0, T + 30)).await.unwrap();
+    let due = store.pending_deliveries(10).await.unwrap();
+    let order: Vec<(&str, &str, u32)> =
+        due.iter().map(|(ws, p)| (ws.as_str(), p.delivery_id.as_str(), p.attempts)).collect();
+    assert_eq!(order, [(WS, "whd_1", 1), (OTHER_WS, "whd_2", 0), (WS, "whd_3", 0)]);
+    assert_eq!(due[0].1, pending("whd_1", 1, T + 5), "the latest save, whole");
+    assert_eq!(store.pending_deliveries(1).await.unwrap().len(), 1);
+    store.finish_pending_delivery(WS, "whd_1").await.unwrap();
+    store.finish_pending_delivery(WS, "whd_2").await.unwrap(); // another workspace's: kept
+    let left: Vec<String> = store
+        .pending_deliveries(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, p)| p.delivery_id)
+        .collect();
+    assert_eq!(left, ["whd_2", "whd_3"]);
 }
 
 /// Runs the whole suite against a backend: one test per case, each on a

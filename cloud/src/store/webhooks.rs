@@ -52,6 +52,23 @@ pub struct WebhookAttempt {
     pub created_at: i64,
 }
 
+/// A delivery not finished yet: what a restarted process needs to carry
+/// on with it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingDelivery {
+    pub delivery_id: String,
+    pub webhook_id: String,
+    pub event: String,
+    pub subject: String,
+    /// The exact JSON sent on every attempt.
+    pub payload: String,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// When the next attempt is due, ms since the epoch.
+    pub due_at: i64,
+}
+
 #[async_trait]
 pub trait WebhookStore: Send + Sync {
     /// Stores a new webhook.
@@ -65,6 +82,13 @@ pub trait WebhookStore: Send + Sync {
     /// `false` when `ws` has no webhook `id` not deleted already.
     async fn delete_webhook(&self, ws: &str, id: &str, at_ms: i64) -> Result<bool>;
     async fn insert_webhook_attempt(&self, ws: &str, attempt: &WebhookAttempt) -> Result<()>;
+    /// Stores (or replaces) a delivery still to be made.
+    async fn save_pending_delivery(&self, ws: &str, pending: &PendingDelivery) -> Result<()>;
+    /// The delivery is over (delivered, given up, or its webhook gone).
+    async fn finish_pending_delivery(&self, ws: &str, delivery_id: &str) -> Result<()>;
+    /// Deliveries not finished, across workspaces (what a starting process
+    /// resumes), the earliest due first, at most `limit`.
+    async fn pending_deliveries(&self, limit: usize) -> Result<Vec<(String, PendingDelivery)>>;
     /// Attempts of one webhook, newest first.
     async fn list_webhook_attempts(
         &self,

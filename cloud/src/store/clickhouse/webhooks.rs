@@ -4,13 +4,13 @@
 
 use async_trait::async_trait;
 use clickhouse::Row;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::governance::limit_arg;
 use super::{ClickHouseStore, Sent, run};
 use crate::error::Result;
 use crate::store::governance::{from_json, to_json};
-use crate::store::webhooks::{Webhook, WebhookAttempt, WebhookStore};
+use crate::store::webhooks::{PendingDelivery, Webhook, WebhookAttempt, WebhookStore};
 
 #[derive(Row, Serialize)]
 struct WebhookRow<'a> {
@@ -29,6 +29,22 @@ struct AttemptRow<'a> {
     delivery_id: &'a str,
     attempt: u32,
     body: &'a str,
+}
+
+#[derive(Row, Serialize)]
+struct PendingRow<'a> {
+    workspace_id: &'a str,
+    delivery_id: &'a str,
+    due_at: i64,
+    done: u8,
+    body: &'a str,
+    version: u64,
+}
+
+#[derive(Row, Deserialize)]
+struct PendingRead {
+    workspace_id: String,
+    body: String,
 }
 
 #[async_trait]
@@ -115,6 +131,46 @@ impl WebhookStore for ClickHouseStore {
             body: &body,
         };
         self.insert_rows::<AttemptRow<'_>>("webhook_attempts", &[row]).await
+    }
+
+    async fn save_pending_delivery(&self, ws: &str, pending: &PendingDelivery) -> Result<()> {
+        let body = to_json(pending)?;
+        let row = PendingRow {
+            workspace_id: ws,
+            delivery_id: &pending.delivery_id,
+            due_at: pending.due_at,
+            done: 0,
+            body: &body,
+            version: self.clock.next(),
+        };
+        self.insert_rows::<PendingRow<'_>>("webhook_pending", &[row]).await
+    }
+
+    async fn finish_pending_delivery(&self, ws: &str, delivery_id: &str) -> Result<()> {
+        let row = PendingRow {
+            workspace_id: ws,
+            delivery_id,
+            due_at: 0,
+            done: 1,
+            body: "",
+            version: self.clock.next(),
+        };
+        self.insert_rows::<PendingRow<'_>>("webhook_pending", &[row]).await
+    }
+
+    async fn pending_deliveries(&self, limit: usize) -> Result<Vec<(String, PendingDelivery)>> {
+        let rows: Vec<PendingRead> = run(self
+            .client
+            .query(
+                "SELECT workspace_id, argMax(body, version) AS p_body FROM webhook_pending
+                 GROUP BY workspace_id, delivery_id HAVING argMax(done, version) = 0
+                 ORDER BY argMax(due_at, version), delivery_id LIMIT ?",
+            )
+            .bind(limit_arg(limit))
+            .sent()
+            .fetch_all())
+        .await?;
+        rows.into_iter().map(|r| Ok((r.workspace_id, from_json(&r.body)?))).collect()
     }
 
     async fn list_webhook_attempts(

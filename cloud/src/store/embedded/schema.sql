@@ -303,6 +303,16 @@ CREATE TABLE IF NOT EXISTS webhook_attempts (
     PRIMARY KEY (workspace_id, webhook_id, created_at, delivery_id, attempt)
 ) WITHOUT ROWID;
 
+-- Deliveries not finished, so that a restart carries on with them; a
+-- finished one is deleted.
+CREATE TABLE IF NOT EXISTS webhook_pending (
+    workspace_id TEXT NOT NULL,
+    delivery_id  TEXT NOT NULL,
+    due_at       INTEGER NOT NULL,
+    body         TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, delivery_id)
+) WITHOUT ROWID;
+
 -- Trackables (docs/trackables.md). `code` is unique per workspace and is
 -- what events carry in `trackable.code` (matched through `events_trackable`);
 -- `scan_code` is unique across workspaces: the public `/r/{scan_code}` link

@@ -9,7 +9,7 @@ use super::governance::limit_arg;
 use super::{EmbeddedStore, sql};
 use crate::error::Result;
 use crate::store::governance::{from_json, to_json};
-use crate::store::webhooks::{Webhook, WebhookAttempt, WebhookStore};
+use crate::store::webhooks::{PendingDelivery, Webhook, WebhookAttempt, WebhookStore};
 
 #[async_trait]
 impl WebhookStore for EmbeddedStore {
@@ -85,6 +85,56 @@ impl WebhookStore for EmbeddedStore {
             })
             .map_err(sql)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn save_pending_delivery(&self, ws: &str, pending: &PendingDelivery) -> Result<()> {
+        let (ws, id, due, body) =
+            (ws.to_owned(), pending.delivery_id.clone(), pending.due_at, to_json(pending)?);
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO webhook_pending (workspace_id, delivery_id, due_at, body)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut s| s.execute(params![ws, id, due, body]))
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn finish_pending_delivery(&self, ws: &str, delivery_id: &str) -> Result<()> {
+        let (ws, id) = (ws.to_owned(), delivery_id.to_owned());
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "DELETE FROM webhook_pending WHERE workspace_id = ?1 AND delivery_id = ?2",
+            )
+            .and_then(|mut s| s.execute(params![ws, id]))
+            .map_err(sql)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn pending_deliveries(&self, limit: usize) -> Result<Vec<(String, PendingDelivery)>> {
+        self.read(move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT workspace_id, body FROM webhook_pending
+                     ORDER BY due_at, delivery_id LIMIT ?1",
+                )
+                .map_err(sql)?;
+            let rows = stmt
+                .query_map(params![limit_arg(limit)], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })
+                .map_err(sql)?;
+            rows.map(|row| {
+                let (ws, body) = row.map_err(sql)?;
+                Ok((ws, from_json(&body)?))
+            })
+            .collect()
         })
         .await
     }
