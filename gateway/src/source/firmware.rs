@@ -19,8 +19,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use opgraph_firmware_bridge::host::{Session, Step};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -98,26 +96,16 @@ impl Source for FirmwareSource {
         let config = self.config;
         let health = Arc::clone(intake.health());
         let mut backoff = Backoff::new(config.backoff_initial, config.backoff_max);
-        let mut rng = StdRng::from_os_rng();
         let mut buf = vec![0u8; 4096];
         let mut session = Session::new(&config.device_type);
-        'reopen: while !shutdown.is_cancelled() {
-            let path = config.port.path.display().to_string();
-            let mut port = match config.port.open() {
-                Ok(port) => port,
-                Err(e) => {
-                    health.set_connected(false);
-                    health.set_error(format!("serial {path}: {e}"));
-                    let delay = backoff.next_delay(&mut rng);
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => continue 'reopen,
-                        () = shutdown.cancelled() => break 'reopen,
-                    }
-                }
+        let path = config.port.path.display().to_string();
+        'reopen: loop {
+            let Some(mut port) =
+                serial::open_port(&config.port, &config.name, &health, &mut backoff, &shutdown)
+                    .await
+            else {
+                break 'reopen;
             };
-            health.set_connected(true);
-            backoff.reset();
-            tracing::info!(source = %config.name, %path, "firmware port open");
             session.reopened();
             loop {
                 let n = tokio::select! {

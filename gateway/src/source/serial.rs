@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::mapping::Mapped;
 use super::modbus::DeviceRef;
-use super::{Intake, Source, now_ms};
+use super::{Intake, Source, SourceHealth, now_ms};
 use crate::backoff::Backoff;
 use crate::error::Result;
 use rfid::{FrameDecoder, Smoothed, Smoother, Visit};
@@ -384,24 +384,14 @@ impl Source for SerialSource {
         let health = Arc::clone(intake.health());
         let mut decoder = Decoder::new(&config);
         let mut backoff = Backoff::new(config.backoff_initial, config.backoff_max);
-        let mut rng = StdRng::from_os_rng();
         let mut buf = vec![0u8; 4096];
-        'reopen: while !shutdown.is_cancelled() {
-            let mut port = match config.port().open() {
-                Ok(port) => port,
-                Err(e) => {
-                    health.set_connected(false);
-                    health.set_error(format!("serial {}: {e}", config.path.display()));
-                    let delay = backoff.next_delay(&mut rng);
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => continue 'reopen,
-                        () = shutdown.cancelled() => break 'reopen,
-                    }
-                }
+        let port_settings = config.port();
+        'reopen: loop {
+            let Some(mut port) =
+                open_port(&port_settings, &config.name, &health, &mut backoff, &shutdown).await
+            else {
+                break 'reopen;
             };
-            health.set_connected(true);
-            backoff.reset();
-            tracing::info!(source = %config.name, path = %config.path.display(), "serial port open");
             let mut ticker = tokio::time::interval(TICK);
             loop {
                 let mut decoded = Decoded::default();
@@ -431,6 +421,39 @@ impl Source for SerialSource {
         health.set_connected(false);
         Ok(())
     }
+}
+
+/// Opens `port` for source `name`, its state in `health`, retrying with
+/// `backoff` while it cannot be opened (a device not plugged in yet, a
+/// pty not made yet): the port, or `None` once `shutdown` is cancelled.
+pub(super) async fn open_port(
+    port: &PortSettings,
+    name: &str,
+    health: &SourceHealth,
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> Option<tokio_serial::SerialStream> {
+    let mut rng = StdRng::from_os_rng();
+    while !shutdown.is_cancelled() {
+        match port.open() {
+            Ok(stream) => {
+                health.set_connected(true);
+                backoff.reset();
+                tracing::info!(source = %name, path = %port.path.display(), "serial port open");
+                return Some(stream);
+            }
+            Err(e) => {
+                health.set_connected(false);
+                health.set_error(format!("serial {}: {e}", port.path.display()));
+                let delay = backoff.next_delay(&mut rng);
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown.cancelled() => return None,
+                }
+            }
+        }
+    }
+    None
 }
 
 /// Counts what was rejected and appends the events in one durable append.
