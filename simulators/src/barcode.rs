@@ -53,12 +53,8 @@ pub struct BarcodeArgs {
     pub exit_after_send: bool,
     /// Keep scanning: one line every interval (e.g. 2s), the plan over
     /// and over with a new seed each round, until stopped.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub every: Option<std::time::Duration>,
-}
-
-fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 500ms, 2s)"))
 }
 
 /// One line of the plan.

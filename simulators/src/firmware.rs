@@ -82,7 +82,7 @@ pub struct FirmwareArgs {
     pub window: u32,
     /// With no ack advancing for this long (e.g. 300ms, 2s), send the hello
     /// and every unacknowledged reading again.
-    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "300ms", value_parser = crate::parse_duration)]
     pub ack_timeout: Duration,
     /// Noise bursts, and as many corrupted copies of readings, to mix into
     /// the first sends.
@@ -99,12 +99,8 @@ pub struct FirmwareArgs {
     pub exit_after_acked: bool,
     /// Take one reading per interval (e.g. 2s), like a sensor sampling,
     /// instead of sending as fast as the window allows.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub every: Option<Duration>,
-}
-
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 300ms, 2s)"))
 }
 
 /// Who the device is and what it sends, fixed at boot.

@@ -547,7 +547,7 @@ pub struct FleetArgs {
     pub rate: f64,
     /// Stop publishing after this long, e.g. 30s [default: 10s unless
     /// --messages is given].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub duration: Option<Duration>,
     /// Stop after this many messages in all.
     #[arg(long)]
@@ -560,15 +560,11 @@ pub struct FleetArgs {
     pub seed: Option<u64>,
     /// Wait this long at most for the connections, and for the
     /// acknowledgements after the last publish.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, value_parser = crate::parse_duration, default_value = "30s")]
     pub timeout: Duration,
     /// Client ids are PREFIX-DEVICE [default: opgraph-sim-fleet-SEED].
     #[arg(long)]
     pub client_prefix: Option<String>,
-}
-
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s, 1m)"))
 }
 
 impl FleetArgs {

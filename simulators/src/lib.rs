@@ -69,6 +69,11 @@ pub(crate) fn print(text: &str) -> Result<()> {
     out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(Error::io("writing stdout"))
 }
 
+/// A duration flag (`250ms`, `3s`, `1m`), for clap's `value_parser`.
+pub(crate) fn parse_duration(s: &str) -> std::result::Result<std::time::Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s, 1m)"))
+}
+
 /// A pseudo-terminal pair for a serial device: the device's end, and the
 /// line's end, which `link` (replaced if it exists) points to for the
 /// gateway to open.

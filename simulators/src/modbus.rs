@@ -70,7 +70,7 @@ pub struct ModbusArgs {
     #[arg(long, default_value_t = 0)]
     pub exception_every: u64,
     /// Delay before each answer, e.g. 50ms.
-    #[arg(long, value_parser = parse_duration, default_value = "0s")]
+    #[arg(long, value_parser = crate::parse_duration, default_value = "0s")]
     pub latency: Duration,
     /// Every Nth request is not answered: over TCP the connection is
     /// closed, over RTU the line stays silent; 0: never.
@@ -79,10 +79,6 @@ pub struct ModbusArgs {
     /// RTU only: every Nth answer goes out with a wrong CRC; 0: never.
     #[arg(long, default_value_t = 0)]
     pub crc_error_every: u64,
-}
-
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s)"))
 }
 
 #[derive(Debug, Deserialize)]

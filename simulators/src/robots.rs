@@ -79,7 +79,7 @@ pub struct RobotsArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Give up unless everything is acknowledged within this time.
-    #[arg(long, value_parser = parse_duration, default_value = "120s")]
+    #[arg(long, value_parser = crate::parse_duration, default_value = "120s")]
     pub timeout: Duration,
     /// Messages that are not JSON to mix in (on the runs topics).
     #[arg(long, default_value_t = 0)]
@@ -88,12 +88,8 @@ pub struct RobotsArgs {
     #[arg(long, default_value_t = 0)]
     pub skewed_robots: usize,
     /// How far behind a wrong clock is, e.g. 1h.
-    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    #[arg(long, value_parser = crate::parse_duration, default_value = "1h")]
     pub skew: Duration,
-}
-
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 30s)"))
 }
 
 /// One message of the plan, at `at_ms` of simulated time.

@@ -170,6 +170,15 @@ pub struct Cloud {
     _tmp: Option<tempfile::TempDir>,
 }
 
+/// An HTTP client for API tests: a minute at most per request, so a hung
+/// cloud fails the test instead of stalling it.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .expect("an HTTP client")
+}
+
 pub const TEST_BOOTSTRAP_KEY: &str = "og_testbootstrapkey0123456789abcdef";
 
 impl Cloud {

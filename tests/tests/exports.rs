@@ -7,20 +7,15 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use opgraph_tests::backends::Backend;
 use opgraph_tests::https_endpoint::{header, openssl_hmac};
-use opgraph_tests::{Cloud, both_backends, https_endpoint};
+use opgraph_tests::{Cloud, both_backends, client, https_endpoint};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 const SECRET: &str = "whsec-test-0123456789";
-
-fn client() -> Client {
-    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
-}
 
 async fn post(
     client: &Client,

@@ -8,10 +8,9 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use opgraph_tests::backends::{Backend, BackendCloud, BackendStore};
-use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends, https_endpoint};
+use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends, client, https_endpoint};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -26,10 +25,6 @@ fn now_ms() -> i64 {
 /// A fresh cloud on `backend` with `extra` in its environment.
 async fn start(backend: Backend, extra: &[(&'static str, String)]) -> BackendCloud {
     backend.start(extra).await.unwrap()
-}
-
-fn client() -> Client {
-    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
 }
 
 async fn call(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use opgraph_tests::backends::{Backend, BackendCloud};
 use opgraph_tests::edge::eventually;
 use opgraph_tests::https_endpoint::{self, Endpoint, header, openssl_hmac};
-use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends};
+use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends, client};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -18,10 +18,6 @@ use sha2::{Digest, Sha256};
 const SECRET: &str = "whsec-0123456789abcdef";
 /// Far above what a delivery on loopback takes; only bounds a failure.
 const WITHIN: Duration = Duration::from_secs(30);
-
-fn client() -> Client {
-    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
-}
 
 /// A cloud whose webhooks may reach `endpoint` on loopback and retry fast:
 /// three attempts, the first retry after 100 ms.

@@ -35,7 +35,7 @@ pub struct ProxyArgs {
     #[command(flatten)]
     pub link: LinkArgs,
     /// Cost of one simulated TCP loss, doubled per repeated loss [default: 200ms].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub rto: Option<Duration>,
     /// A scheduled partition, START+DURATION from the proxy's start, e.g. 10s+3s; repeatable.
     #[arg(long = "partition", value_name = "START+DURATION")]
@@ -47,7 +47,7 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub tcp_chunk: Option<ByteSize>,
     /// Forget a UDP client mapping after this long without traffic [default: 60s].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub udp_idle_timeout: Option<Duration>,
 }
 
@@ -59,16 +59,16 @@ pub struct LinkArgs {
     #[arg(long)]
     pub loss: Option<f64>,
     /// One-way delay added in each direction, e.g. 25ms [default: 0s].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub latency: Option<Duration>,
     /// Delay varies uniformly within latency ± jitter [default: 0s].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub jitter: Option<Duration>,
     /// Probability that a datagram or packet is held back so later ones overtake it [default: 0].
     #[arg(long)]
     pub reorder: Option<f64>,
     /// How long a reordered datagram or packet is held back [default: 20ms].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = crate::parse_duration)]
     pub reorder_delay: Option<Duration>,
     /// Bandwidth cap per direction in bytes per second, e.g. 10MiB [default: unlimited].
     #[arg(long)]
@@ -102,10 +102,6 @@ impl LinkArgs {
         };
         (link, self.seed.unwrap_or_else(rand::random))
     }
-}
-
-pub(crate) fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s, 1m)"))
 }
 
 impl ProxyArgs {

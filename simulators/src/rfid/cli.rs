@@ -46,7 +46,7 @@ pub struct RfidArgs {
     #[arg(long, default_value_t = 0)]
     pub skewed_readers: usize,
     /// How far behind a wrong clock is, e.g. 1h.
-    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    #[arg(long, value_parser = crate::parse_duration, default_value = "1h")]
     pub skew: Duration,
     /// Topic; {reader} is replaced by the reader id.
     #[arg(long, default_value = "readers/{reader}/tags")]
@@ -61,7 +61,7 @@ pub struct RfidArgs {
     #[arg(long)]
     pub record: Option<PathBuf>,
     /// Give up unless the broker acknowledged everything within this time.
-    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, value_parser = crate::parse_duration, default_value = "60s")]
     pub timeout: Duration,
     /// QoS 1 messages in flight (sent, not yet acknowledged) at most.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..))]
@@ -74,10 +74,6 @@ pub struct RfidArgs {
     /// connections, -0, -1, ... is appended.
     #[arg(long)]
     pub client_id: Option<String>,
-}
-
-fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 250ms, 3s, 1h)"))
 }
 
 fn now_ms() -> i64 {
