@@ -118,6 +118,22 @@ impl FromRequest<AppState> for JsonBody {
     }
 }
 
+/// The one parameter of a route such as `/api/trackables/{id}`. axum's own
+/// `Path` answers a segment that does not decode to UTF-8 (`%FF`) with a
+/// plain-text 400; this answers it with the error shape, like any bad input.
+pub struct PathId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathId {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(id)) => Ok(PathId(id)),
+            Err(rejection) => Err(Error::validation("id", rejection.body_text())),
+        }
+    }
+}
+
 /// Reads an optional string field of a JSON object body.
 pub fn optional_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>> {
     match body.get(field) {

@@ -6,13 +6,13 @@
 use std::collections::{BTreeSet, HashMap};
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
 use super::governance::{MAX_TEXT, amount, currency, event, optional_text, parse_body, text};
-use super::{AppState, JsonBody, parse_ms};
+use super::{AppState, JsonBody, PathId, parse_ms};
 use super::{check_params, limit_of};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
@@ -377,7 +377,7 @@ pub async fn list_receipts(
 pub async fn get_receipt(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<ReceiptBody>> {
     principal.require(Scope::Read)?;
     let rows = state.store.get_receipts(&principal.workspace_id, std::slice::from_ref(&id)).await?;

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use opgraph_proto::TrustTier;
 use serde::de::DeserializeOwned;
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use super::{AppState, JsonBody, check_params, limit_of};
+use super::{AppState, JsonBody, PathId, check_params, limit_of};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::governance::{DecisionStatus, MAX_AMOUNT, RiskLevel, governance_event, object_of};
@@ -247,7 +247,7 @@ pub async fn list_decisions(
 pub async fn get_decision(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<DecisionBody>> {
     principal.require(Scope::Read)?;
     let decision = state
@@ -274,7 +274,7 @@ pub async fn get_decision(
 pub async fn patch_decision(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     JsonBody(body): JsonBody,
 ) -> Result<Json<DecisionBody>> {
     principal.require(Scope::Govern)?;
@@ -442,7 +442,7 @@ pub async fn list_grants(
 pub async fn get_grant(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<GrantBody>> {
     principal.require(Scope::Read)?;
     let grant = state
@@ -469,7 +469,7 @@ pub async fn get_grant(
 pub async fn patch_grant(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     JsonBody(body): JsonBody,
 ) -> Result<Json<GrantBody>> {
     principal.require(Scope::Govern)?;
@@ -612,7 +612,7 @@ pub async fn list_contracts(
 pub async fn get_contract(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<ContractBody>> {
     principal.require(Scope::Read)?;
     let contract = state

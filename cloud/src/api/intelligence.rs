@@ -5,14 +5,14 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::governance::{MAX_TEXT, optional_text, parse_body};
 use super::queries::{WhatsChangedResponse, body_limit, compare_periods};
-use super::{AppState, JsonBody};
+use super::{AppState, JsonBody, PathId};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::governance::DecisionStatus;
@@ -193,7 +193,7 @@ pub struct BusinessHealth {
 pub async fn business_health(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<BusinessHealth>> {
     principal.require(Scope::Read)?;

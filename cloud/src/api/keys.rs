@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::{AppState, JsonBody, optional_str};
+use super::{AppState, JsonBody, PathId, optional_str};
 use crate::auth::{self, Principal, Scope};
 use crate::error::{Error, Result};
 use crate::store::{ApiKeyRecord, NewApiKey, Workspace};
@@ -204,7 +204,7 @@ pub async fn list(
 pub async fn revoke(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<StatusCode> {
     principal.require(Scope::Admin)?;
     if !state.store.revoke_api_key(&principal.workspace_id, &id).await? {

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 
 use super::enforce::receipt_json;
 use super::governance::{MAX_TEXT, parse_body, text};
-use super::{AppState, JsonBody};
+use super::{AppState, JsonBody, PathId};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::governance::proof::{
@@ -333,7 +333,7 @@ async fn load(state: &AppState, principal: &Principal, id: &str) -> Result<Proof
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<TrailBody>> {
     let proof_trail = load(&state, &principal, &id).await?;
     let export_receipts =
@@ -355,7 +355,7 @@ pub async fn get(
 pub async fn verify(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<ProofVerification>> {
     let trail = load(&state, &principal, &id).await?;
     Ok(Json(proof::verify(&trail)))

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use opgraph_proto::validate::MAX_EVENT_NAME_LEN;
@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
 use super::ingest::{IngestResponse, idempotency_key, parse_body, record};
-use super::{AppState, JsonBody, optional_str};
+use super::{AppState, JsonBody, PathId, optional_str};
 use crate::auth::{Principal, Scope};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -328,7 +328,7 @@ pub async fn list(
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<OneTrackable>> {
     principal.require(Scope::Read)?;
     let (trackable, usage) = state

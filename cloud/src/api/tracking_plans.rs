@@ -5,14 +5,14 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::governance::{MAX_DESCRIPTION, MAX_TEXT, optional_text, parse_body, text};
-use super::{AppState, JsonBody};
+use super::{AppState, JsonBody, PathId};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::store::governance::TrackingPlan;
@@ -153,7 +153,7 @@ pub async fn list(
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<Json<TrackingPlanBody>> {
     principal.require(Scope::Read)?;
     let plan = state

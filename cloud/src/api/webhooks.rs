@@ -6,13 +6,13 @@
 use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::governance::parse_body;
-use super::{AppState, JsonBody, check_params, limit_of};
+use super::{AppState, JsonBody, PathId, check_params, limit_of};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::store::webhooks::{Webhook, WebhookAttempt};
@@ -188,7 +188,7 @@ pub async fn list(
 pub async fn delete(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
 ) -> Result<StatusCode> {
     principal.require(Scope::Admin)?;
     let ws = &principal.workspace_id;
@@ -218,7 +218,7 @@ pub async fn delete(
 pub async fn deliveries(
     State(state): State<AppState>,
     principal: Principal,
-    Path(id): Path<String>,
+    PathId(id): PathId,
     Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<DeliveryLog>> {
     principal.require(Scope::Admin)?;
