@@ -48,6 +48,10 @@ pub struct AppendRequest {
     /// `Idempotency-Key`: a retry within [`IDEMPOTENCY_WINDOW_MS`] returns the
     /// first answer and stores nothing.
     pub idempotency_key: Option<String>,
+    /// The most events this call may add (what is left of the monthly
+    /// quota); more refuses the whole call with `quota_exceeded`. Replays
+    /// add nothing, so a retry is answered however little is left.
+    pub new_event_limit: Option<u64>,
 }
 
 pub const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;

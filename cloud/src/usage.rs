@@ -100,16 +100,27 @@ impl Usage {
         }
     }
 
-    /// Refuses ingest once the monthly event quota is used up.
+    /// Refuses `adding` events once they would pass the monthly event quota.
     pub async fn check_quota(
         &self,
         store: &dyn Store,
         workspace_id: &str,
         adding: usize,
     ) -> Result<()> {
+        match self.quota_left(store, workspace_id).await? {
+            Some(left) if adding as u64 > left => Err(quota_exceeded()),
+            _ => Ok(()),
+        }
+    }
+
+    /// How many more events the workspace may store this month; `None`
+    /// without a quota. Read from a count cached for [`QUOTA_CACHE`] (with
+    /// what this process stored since added), so other nodes and concurrent
+    /// requests may overshoot it by what they store in that time.
+    pub async fn quota_left(&self, store: &dyn Store, workspace_id: &str) -> Result<Option<u64>> {
         let quota = self.quota.monthly_event_quota;
         if quota == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let cached = self
             .month_counts
@@ -132,10 +143,17 @@ impl Usage {
                 used
             }
         };
-        if used.saturating_add(adding as u64) > quota {
-            return Err(Error::RateLimited { retry_after_secs: 3600 });
+        Ok(Some(quota.saturating_sub(used)))
+    }
+
+    /// Adds events just stored to the cached month count, so that this
+    /// process's next quota check sees them without a store read.
+    pub fn count_stored(&self, workspace_id: &str, stored: usize) {
+        if let Ok(mut m) = self.month_counts.lock()
+            && let Some((_, used)) = m.get_mut(workspace_id)
+        {
+            *used = used.saturating_add(stored as u64);
         }
-        Ok(())
     }
 
     /// Writes the counted API calls to the store.
@@ -151,6 +169,11 @@ impl Usage {
             }
         }
     }
+}
+
+/// The answer to events past the monthly quota: 429, retry in an hour.
+pub fn quota_exceeded() -> Error {
+    Error::RateLimited { retry_after_secs: 3600 }
 }
 
 /// Start of the calendar month (UTC) containing `ms`.

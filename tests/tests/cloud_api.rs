@@ -535,3 +535,68 @@ async fn strict_health_fails_on_weak_token_settings() {
     let response = client.get(cloud.at("/api/health?strict=1")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
+
+#[tokio::test]
+async fn monthly_quota_refuses_new_events_and_still_answers_replays() {
+    let cloud = Cloud::start(&[("OPGRAPH_EVENTS_QUOTA", "2".into())]).await.unwrap();
+    let client = cloud.http();
+    let event = |message: &str| json!({"event": "quota.tested", "messageId": message});
+    let keyed = |body: &Value| {
+        client
+            .post(cloud.at("/api/ingest"))
+            .bearer_auth(&cloud.key)
+            .header("Idempotency-Key", "batch-1")
+            .json(body)
+            .send()
+    };
+    let batch = json!({"batch": [event("m-1"), event("m-2")]});
+    let first = keyed(&batch).await.unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let ids = first.json::<Value>().await.unwrap()["ids"].clone();
+
+    // The quota is used up: a new event is refused, with nothing stored.
+    let response = client
+        .post(cloud.at("/api/ingest"))
+        .bearer_auth(&cloud.key)
+        .json(&json!({"batch": [event("m-3"), event("m-1")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "3600");
+    assert_eq!(error_code(&response.json().await.unwrap()), "rate_limited");
+
+    // Retries of what was stored are answered as the first time.
+    let (status, body) = send(&client, &cloud, &cloud.key, &event("m-2")).await;
+    assert_eq!((status, &body["ids"][0]), (StatusCode::ACCEPTED, &ids[1]), "{body}");
+    let replay = keyed(&json!({"event": "anything.else"})).await.unwrap();
+    assert_eq!(replay.status(), StatusCode::ACCEPTED);
+    assert_eq!(replay.json::<Value>().await.unwrap()["ids"], ids);
+
+    let (status, list) = get(&client, &cloud, &cloud.key, "/api/events?event=quota.tested").await;
+    assert_eq!((status, list["events"].as_array().map(Vec::len)), (StatusCode::OK, Some(2)));
+    let (_, usage) = get(&client, &cloud, &cloud.key, "/api/usage").await;
+    assert_eq!(
+        (&usage["events"]["ingested"], &usage["events"]["remaining"]),
+        (&json!(2), &json!(0))
+    );
+}
+
+#[tokio::test]
+async fn a_path_id_that_is_not_utf8_gets_the_error_shape() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let client = cloud.http();
+    for path in ["/api/trackables/%FF", "/api/keys/%C3%28", "/api/governance/receipts/%FF"] {
+        let method = if path.starts_with("/api/keys") {
+            reqwest::Method::DELETE
+        } else {
+            reqwest::Method::GET
+        };
+        let response =
+            client.request(method, cloud.at(path)).bearer_auth(&cloud.key).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(error_code(&body), "validation_failed", "{path}: {body}");
+        assert_eq!(body["error"]["field"], "id", "{path}");
+    }
+}

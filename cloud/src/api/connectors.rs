@@ -131,7 +131,9 @@ pub async fn ingest(
     };
     let stored =
         state.store.upsert_connector_records(&principal.workspace_id, accepted, sync).await?;
-    state.metrics.ingested("connector", usize::try_from(stored.ingested).unwrap_or(usize::MAX));
+    let ingested = usize::try_from(stored.ingested).unwrap_or(usize::MAX);
+    state.usage.count_stored(&principal.workspace_id, ingested);
+    state.metrics.ingested("connector", ingested);
     Ok(Json(ConnectorIngestResponse {
         provider: provider.to_owned(),
         ingested: stored.ingested,

@@ -71,7 +71,7 @@ async fn accept(
     Ok(IngestResponse { accepted, ids: result.ids })
 }
 
-/// The ingest path after validation: quota, ids, the durable append,
+/// The ingest path after validation: ids, the durable append within the quota,
 /// metrics. `/api/track` and the scan redirect store their events through
 /// it too; `source` labels the ingested-events counter.
 pub async fn record(
@@ -82,15 +82,19 @@ pub async fn record(
     received_at: i64,
     source: &str,
 ) -> Result<AppendResult> {
-    state.usage.check_quota(state.store.as_ref(), workspace_id, events.len()).await?;
+    // The store applies the quota to what it would add, so that a replay
+    // is answered however little is left.
+    let new_event_limit = state.usage.quota_left(state.store.as_ref(), workspace_id).await?;
     let request = AppendRequest {
         events: events
             .into_iter()
             .map(|event| NewEvent { id: crate::ids::new_id("evt"), received_at, event })
             .collect(),
         idempotency_key,
+        new_event_limit,
     };
     let result = state.store.append_events(workspace_id, request).await?;
+    state.usage.count_stored(workspace_id, result.inserted);
     state.metrics.ingested(source, result.inserted);
     Ok(result)
 }

@@ -961,7 +961,8 @@ mod tests {
         // A row stored now holds the folded text, found either way.
         let mut new = event("evt_2");
         new.event.event = "ΛΟΓΟΣ.read".into();
-        let request = AppendRequest { events: vec![new], idempotency_key: None };
+        let request =
+            AppendRequest { events: vec![new], idempotency_key: None, new_event_limit: None };
         store.append_events("ws", request).await.unwrap();
         assert_eq!(store.search_events("ws", &query("λογος")).await.unwrap().total, 2);
         assert_eq!(store.search_events("ws", &query("ΛΟΓΟΣ")).await.unwrap().total, 1);
@@ -970,7 +971,11 @@ mod tests {
     #[tokio::test]
     async fn opening_twice_keeps_data_and_schema_version() {
         let (store, server) = open().await;
-        let request = AppendRequest { events: vec![event("evt_1")], idempotency_key: None };
+        let request = AppendRequest {
+            events: vec![event("evt_1")],
+            idempotency_key: None,
+            new_event_limit: None,
+        };
         store.append_events("ws", request).await.unwrap();
         let config = ClickHouseConfig {
             url: server.url(),
@@ -993,7 +998,11 @@ mod tests {
         let (store, mut server) = open().await;
         server.kill();
         assert!(matches!(store.ping().await, Err(Error::Unavailable { .. })));
-        let request = AppendRequest { events: vec![event("evt_1")], idempotency_key: None };
+        let request = AppendRequest {
+            events: vec![event("evt_1")],
+            idempotency_key: None,
+            new_event_limit: None,
+        };
         let err = store.append_events("ws", request.clone()).await.unwrap_err();
         assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
         let response = axum::response::IntoResponse::into_response(err);
@@ -1087,8 +1096,14 @@ mod tests {
                 .unwrap();
                 crate::store::NewEvent { id: id.into(), received_at: 1, event }
             });
-            store
-                .append_events("ws", AppendRequest { events: events.into(), idempotency_key: None })
+            store.append_events(
+                "ws",
+                AppendRequest {
+                    events: events.into(),
+                    idempotency_key: None,
+                    new_event_limit: None,
+                },
+            )
         };
         store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
         append().await.unwrap_err();
@@ -1112,7 +1127,10 @@ mod tests {
             }))
             .unwrap();
             let events = vec![crate::store::NewEvent { id: id.into(), received_at: 7, event }];
-            store.append_events("ws", AppendRequest { events, idempotency_key: None })
+            store.append_events(
+                "ws",
+                AppendRequest { events, idempotency_key: None, new_event_limit: None },
+            )
         };
         let client = store.client.clone();
         let stored = |message: &'static str| {

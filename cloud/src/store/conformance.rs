@@ -173,9 +173,17 @@ pub async fn load(store: &dyn Store) {
         let ws = Workspace { id: id.into(), name: id.into(), created_at: T };
         store.create_workspace(&ws).await.unwrap();
     }
-    let request = AppendRequest { events: to_events(dataset()), idempotency_key: None };
+    let request = AppendRequest {
+        events: to_events(dataset()),
+        idempotency_key: None,
+        new_event_limit: None,
+    };
     store.append_events(WS, request).await.unwrap();
-    let request = AppendRequest { events: to_events(other_dataset()), idempotency_key: None };
+    let request = AppendRequest {
+        events: to_events(other_dataset()),
+        idempotency_key: None,
+        new_event_limit: None,
+    };
     store.append_events(OTHER_WS, request).await.unwrap();
 }
 
@@ -381,7 +389,8 @@ pub async fn attribution_counts_touchpoints_without_conversions(store: &dyn Stor
         click(9, T + H, "google", "spring", "search", None),
         order(9, T + 2 * H, 40.0),
     ];
-    let request = AppendRequest { events: to_events(events), idempotency_key: None };
+    let request =
+        AppendRequest { events: to_events(events), idempotency_key: None, new_event_limit: None };
     store.append_events(ws, request).await.unwrap();
     let a = store.attribution(ws, &attribution_query(AttributionModel::Linear)).await.unwrap();
     assert_eq!((a.conversions, a.revenue, a.unattributed), (1, 40.0, 0));
@@ -469,7 +478,10 @@ pub async fn search_folds_case(store: &dyn Store) {
     for (i, e) in events.iter_mut().enumerate() {
         e.id = format!("evt_fold{i}");
     }
-    store.append_events(WS, AppendRequest { events, idempotency_key: None }).await.unwrap();
+    store
+        .append_events(WS, AppendRequest { events, idempotency_key: None, new_event_limit: None })
+        .await
+        .unwrap();
     for (needle, text) in [
         ("λογος", "ΛΟΓΟΣ"),
         ("λογοσ", "ΛΟΓΟΣ"),
@@ -763,7 +775,13 @@ pub async fn list_events(store: &dyn Store) {
     let mut twins = to_events(vec![plain(8, "twin.first", TWINS), plain(8, "twin.second", TWINS)]);
     twins[0].id = "evt_twin1".into();
     twins[1].id = "evt_twin2".into();
-    store.append_events(WS, AppendRequest { events: twins, idempotency_key: None }).await.unwrap();
+    store
+        .append_events(
+            WS,
+            AppendRequest { events: twins, idempotency_key: None, new_event_limit: None },
+        )
+        .await
+        .unwrap();
     let tied =
         list(super::EventFilter { from: Some(TWINS), to: Some(TWINS + 1), ..Default::default() })
             .await;
@@ -780,7 +798,11 @@ pub async fn appends_are_idempotent(store: &dyn Store) {
     };
     let before = count().await;
     // The same ids again (a redelivered batch): nothing is added.
-    let again = AppendRequest { events: to_events(dataset()), idempotency_key: None };
+    let again = AppendRequest {
+        events: to_events(dataset()),
+        idempotency_key: None,
+        new_event_limit: None,
+    };
     let result = store.append_events(WS, again).await.unwrap();
     assert_eq!(result.inserted, 0);
     assert_eq!(result.ids[0], "evt_conf0000");
@@ -791,7 +813,10 @@ pub async fn appends_are_idempotent(store: &dyn Store) {
     twice[0].id = "evt_dup".into();
     twice[1].id = "evt_dup".into();
     let result = store
-        .append_events(WS, AppendRequest { events: twice, idempotency_key: None })
+        .append_events(
+            WS,
+            AppendRequest { events: twice, idempotency_key: None, new_event_limit: None },
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -805,7 +830,7 @@ pub async fn appends_are_idempotent(store: &dyn Store) {
         value["messageId"] = json!("m-1");
         let mut events = to_events(vec![value]);
         events[0].id = id.into();
-        AppendRequest { events, idempotency_key: None }
+        AppendRequest { events, idempotency_key: None, new_event_limit: None }
     };
     let first = store.append_events(WS, with_message("evt_m1")).await.unwrap();
     assert_eq!((first.ids.clone(), first.inserted), (vec!["evt_m1".to_owned()], 1));
@@ -820,12 +845,40 @@ pub async fn appends_are_idempotent(store: &dyn Store) {
     let keyed = |id: &str| {
         let mut events = to_events(vec![plain(9, "keyed.event", T + 42 * H)]);
         events[0].id = id.into();
-        AppendRequest { events, idempotency_key: Some("key-1".into()) }
+        AppendRequest { events, idempotency_key: Some("key-1".into()), new_event_limit: None }
     };
     let first = store.append_events(WS, keyed("evt_k1")).await.unwrap();
     let retry = store.append_events(WS, keyed("evt_k2")).await.unwrap();
-    assert_eq!((retry.ids, retry.inserted), (first.ids, 0));
+    assert_eq!((retry.ids, retry.inserted), (first.ids.clone(), 0));
     assert_eq!(count().await, before + 3);
+
+    // The quota limits what is new: with nothing left a replay is still
+    // answered; new events past the limit refuse the whole call.
+    let no_quota_left = |mut request: AppendRequest| {
+        request.new_event_limit = Some(0);
+        request
+    };
+    let replay = store.append_events(WS, no_quota_left(with_message("evt_m4"))).await.unwrap();
+    assert_eq!((replay.ids, replay.inserted), (vec!["evt_m1".to_owned()], 0));
+    let replay = store.append_events(WS, no_quota_left(keyed("evt_k3"))).await.unwrap();
+    assert_eq!((replay.ids, replay.inserted), (first.ids, 0));
+    let mut events = to_events(vec![
+        plain(9, "quota.event", T + 43 * H),
+        plain(10, "quota.event", T + 43 * H),
+        plain(9, "msg.event", T + 41 * H),
+    ]);
+    for (event, id) in events.iter_mut().zip(["evt_q1", "evt_q2", "evt_m5"]) {
+        event.id = id.into();
+    }
+    events[2].event.message_id = Some("m-1".into());
+    let over = AppendRequest { events, idempotency_key: None, new_event_limit: Some(1) };
+    let refused = store.append_events(WS, over.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), "rate_limited");
+    assert_eq!(count().await, before + 3, "a refused call stores nothing");
+    let within = AppendRequest { new_event_limit: Some(2), ..over };
+    let stored = store.append_events(WS, within).await.unwrap();
+    assert_eq!(stored.ids, ["evt_q1", "evt_q2", "evt_m1"]);
+    assert_eq!((stored.inserted, count().await), (2, before + 5));
 }
 
 pub async fn usage_counters(store: &dyn Store) {
@@ -842,7 +895,11 @@ pub async fn usage_counters(store: &dyn Store) {
     let other = store.usage(OTHER_WS, now, now).await.unwrap();
     assert_eq!((other.events_ingested, other.api_calls), (other_dataset().len() as u64, 0));
     // A replay adds nothing.
-    let again = AppendRequest { events: to_events(other_dataset()), idempotency_key: None };
+    let again = AppendRequest {
+        events: to_events(other_dataset()),
+        idempotency_key: None,
+        new_event_limit: None,
+    };
     store.append_events(OTHER_WS, again).await.unwrap();
     assert_eq!(store.usage(OTHER_WS, now, now).await.unwrap().events_ingested, 5);
 }

@@ -958,10 +958,17 @@ impl Store for EmbeddedStore {
     ) -> Result<AppendResult> {
         let ws = workspace_id.to_owned();
         let rows = prepare_events(request.events);
-        let key = request.idempotency_key;
+        let (key, limit) = (request.idempotency_key, request.new_event_limit);
         let hints = self.search.hints();
-        self.write(move |conn| events::append(conn, &ws, rows.0, key.as_deref(), Some(&hints)))
-            .await
+        self.write(move |conn| {
+            let appended = events::append(conn, &ws, rows.0, key.as_deref(), Some(&hints))?;
+            // An error rolls the job back: nothing of it stays.
+            if limit.is_some_and(|left| appended.inserted as u64 > left) {
+                return Err(crate::usage::quota_exceeded());
+            }
+            Ok(appended)
+        })
+        .await
     }
 
     async fn list_events(
@@ -1110,7 +1117,7 @@ mod search_index {
 
     fn events_named(name: &str, n: usize) -> AppendRequest {
         let events = (0..n).map(|_| event(name)).collect();
-        AppendRequest { events, idempotency_key: None }
+        AppendRequest { events, idempotency_key: None, new_event_limit: None }
     }
 
     /// `name` events, one per value, each with the value as property `key`.
@@ -1124,7 +1131,7 @@ mod search_index {
                 e
             })
             .collect();
-        AppendRequest { events, idempotency_key: None }
+        AppendRequest { events, idempotency_key: None, new_event_limit: None }
     }
 
     /// Entries in the index matching `text`, read without waiting for it.
@@ -1179,7 +1186,8 @@ mod search_index {
         let event = opgraph_proto::Event::parse_json(&envelope).expect("envelope");
         let new =
             crate::store::NewEvent { id: "evt_1".into(), received_at: crate::now_ms(), event };
-        let request = AppendRequest { events: vec![new], idempotency_key: None };
+        let request =
+            AppendRequest { events: vec![new], idempotency_key: None, new_event_limit: None };
         store.append_events("ws", request).await.expect("append");
         for (text, found) in [
             ("portal.sc", 1),
@@ -1317,7 +1325,13 @@ mod search_index {
             events.iter().enumerate().map(|(i, e)| (e.event.timestamp, i, e.id.clone())).collect();
         newest.sort_by_key(|(ts, i, _)| std::cmp::Reverse((*ts, *i)));
         let newest: Vec<String> = newest.into_iter().take(10).map(|(_, _, id)| id).collect();
-        store.append_events("ws", AppendRequest { events, idempotency_key: None }).await.unwrap();
+        store
+            .append_events(
+                "ws",
+                AppendRequest { events, idempotency_key: None, new_event_limit: None },
+            )
+            .await
+            .unwrap();
         store.append_events("other", events_named("robot.moved", 5)).await.unwrap();
         store.wait_for_search_index().await.unwrap();
 
@@ -1885,7 +1899,7 @@ mod wal_bound {
 
     fn request(name: &str) -> AppendRequest {
         let events = (0..20).map(|_| test_event(name)).collect();
-        AppendRequest { events, idempotency_key: None }
+        AppendRequest { events, idempotency_key: None, new_event_limit: None }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1930,7 +1944,7 @@ mod idempotency_keys {
 
     fn keyed(key: &str) -> AppendRequest {
         let events = vec![test_event("label.printed")];
-        AppendRequest { events, idempotency_key: Some(key.to_owned()) }
+        AppendRequest { events, idempotency_key: Some(key.to_owned()), new_event_limit: None }
     }
 
     #[tokio::test]

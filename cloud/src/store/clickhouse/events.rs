@@ -266,9 +266,10 @@ pub(super) async fn store_rows(
     store: &ClickHouseStore,
     ws: &str,
     rows: Vec<EventRow>,
+    limit: Option<u64>,
 ) -> Result<(Vec<String>, usize)> {
     let mut landed = 0;
-    let stored = store_rows_uncounted(store, ws, rows, true, &mut landed).await;
+    let stored = store_rows_uncounted(store, ws, rows, true, limit, &mut landed).await;
     // Events that landed are counted even when a later write failed: the
     // retry finds them by id and adds (and counts) none of them.
     let counted = store.count_events_ingested(ws, landed).await;
@@ -282,12 +283,14 @@ pub(super) async fn store_rows(
 /// them when a later write of the call fails. `check_ids: false` skips the
 /// lookup of stored ids, for a caller that knows none of them can be
 /// stored (a gateway batch above its reservation, see `gateway.rs`);
-/// `messageId`s and repeats within `rows` are still checked.
+/// `messageId`s and repeats within `rows` are still checked. More new rows
+/// than `limit` refuse the call before anything is written.
 pub(super) async fn store_rows_uncounted(
     store: &ClickHouseStore,
     ws: &str,
     rows: Vec<EventRow>,
     check_ids: bool,
+    limit: Option<u64>,
     landed: &mut usize,
 ) -> Result<(Vec<String>, usize)> {
     let stored = if check_ids { stored_ids(store, ws, &rows).await? } else { HashMap::new() };
@@ -358,6 +361,9 @@ pub(super) async fn store_rows_uncounted(
                 fresh.push(row);
             }
         }
+    }
+    if limit.is_some_and(|left| fresh.len() as u64 > left) {
+        return Err(crate::usage::quota_exceeded());
     }
     // The ledger first: a failure after it leaves a record that the next
     // delivery checks (above), where a failure before a ledger written
@@ -487,7 +493,7 @@ pub(super) async fn append(
         }
     }
     let rows = request.events.into_iter().map(|e| to_row(ws, e)).collect();
-    let (ids, inserted) = store_rows(store, ws, rows).await?;
+    let (ids, inserted) = store_rows(store, ws, rows, request.new_event_limit).await?;
     if let Some(key) = &request.idempotency_key {
         let response = serde_json::to_string(&ids).map_err(Error::internal)?;
         let row = IdempotencyRow { workspace_id: ws, key, response: &response, created_at: now };
@@ -626,8 +632,11 @@ mod tests {
                     .expect("event");
             NewEvent { id: id.into(), received_at: now, event }
         };
-        let fresh =
-            AppendRequest { events: vec![event("evt_new")], idempotency_key: Some("fresh".into()) };
+        let fresh = AppendRequest {
+            events: vec![event("evt_new")],
+            idempotency_key: Some("fresh".into()),
+            new_event_limit: None,
+        };
         store.append_events("ws", fresh).await.unwrap();
 
         // ClickHouse applies the mutation in the background; nothing
@@ -643,6 +652,7 @@ mod tests {
         let replay = AppendRequest {
             events: vec![event("evt_other")],
             idempotency_key: Some("live".into()),
+            new_event_limit: None,
         };
         let answer = store.append_events("ws", replay).await.unwrap();
         assert_eq!((answer.ids, answer.inserted), (vec!["evt_live".to_owned()], 0));

@@ -396,7 +396,9 @@ impl ClickHouseStore {
         let stored = if fresh.is_empty() {
             Ok(0)
         } else {
-            events::store_rows_uncounted(self, ws, fresh, check_ids, &mut landed).await.map(|s| s.1)
+            events::store_rows_uncounted(self, ws, fresh, check_ids, None, &mut landed)
+                .await
+                .map(|s| s.1)
         };
         // Events that landed before a failure are counted by the next row:
         // the resend finds them by id and stores none of them.
@@ -572,7 +574,7 @@ mod tests {
         let epoch = first_batch(&before).await;
         // 4..=6 land, their commit row does not.
         let rows = batch(4..=6).into_iter().map(|(_, e)| events::to_row(WS, e)).collect();
-        events::store_rows_uncounted(&before, WS, rows, false, &mut 0).await.unwrap();
+        events::store_rows_uncounted(&before, WS, rows, false, None, &mut 0).await.unwrap();
         assert_eq!(lookups_of(&before, 1).await, 0, "a new gateway has nothing stored");
 
         let after = open(&server).await;
@@ -675,7 +677,7 @@ mod tests {
         replay.id = "evt_other".into();
         let rows = vec![events::to_row(WS, replay)];
         let mut landed = 0;
-        let replayed = events::store_rows_uncounted(&store, WS, rows, true, &mut landed);
+        let replayed = events::store_rows_uncounted(&store, WS, rows, true, None, &mut landed);
         let (ids, inserted) = replayed.await.unwrap();
         assert_eq!((ids, inserted), (vec!["evt_0002".to_owned()], 0));
         assert_eq!(stored(&store).await, 3);
@@ -753,6 +755,7 @@ mod tests {
             WS,
             observing(3..=4).into_iter().map(|(_, e)| events::to_row(WS, e)).collect(),
             true,
+            None,
             &mut landed,
         );
         assert_eq!(resent.await.unwrap().1, 0);
@@ -779,7 +782,7 @@ mod tests {
         before.insert_rows::<SessionRow<'_>>("gateway_sessions", &[old]).await.unwrap();
         // The old store's crash left 4..=6 above its ack.
         let rows = batch(1..=6).into_iter().map(|(_, e)| events::to_row(WS, e)).collect();
-        events::store_rows_uncounted(&before, WS, rows, false, &mut 0).await.unwrap();
+        events::store_rows_uncounted(&before, WS, rows, false, None, &mut 0).await.unwrap();
 
         let after = open(&server).await;
         let commit = after.commit_gateway_batch(WS, GW, 1, (4, 8), batch(4..=8));

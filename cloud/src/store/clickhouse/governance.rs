@@ -175,7 +175,11 @@ impl ClickHouseStore {
     /// Stores events that report governance writes, as ingest does.
     async fn append_reported(&self, ws: &str, events: Vec<NewEvent>) -> Result<()> {
         if !events.is_empty() {
-            self.append_events(ws, AppendRequest { events, idempotency_key: None }).await?;
+            self.append_events(
+                ws,
+                AppendRequest { events, idempotency_key: None, new_event_limit: None },
+            )
+            .await?;
         }
         Ok(())
     }

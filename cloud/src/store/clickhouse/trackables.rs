@@ -268,7 +268,13 @@ pub(super) mod tests {
         let event = opgraph_proto::Event::from_json(&envelope, crate::now_ms()).unwrap();
         let events =
             vec![NewEvent { id: crate::ids::new_id("evt"), received_at: crate::now_ms(), event }];
-        store.append_events(ws, AppendRequest { events, idempotency_key: None }).await.unwrap();
+        store
+            .append_events(
+                ws,
+                AppendRequest { events, idempotency_key: None, new_event_limit: None },
+            )
+            .await
+            .unwrap();
     }
 
     /// What a client reads after registrations (some refused), scans and

@@ -242,6 +242,7 @@ mod tests {
                 event,
             }],
             idempotency_key: None,
+            new_event_limit: None,
         };
         store.append_events(ws, request).await.unwrap().ids.remove(0)
     }
