@@ -479,6 +479,16 @@ async fn health_openapi_and_metrics() {
     assert_eq!(health["checks"]["store"]["reachable"], true);
     assert!(health["checks"]["store"]["searchIndex"]["behind"].is_u64(), "{health}");
     assert_eq!(health["checks"]["config"]["bootstrapKey"], "configured");
+    assert_eq!(health["checks"]["config"]["publicUrl"], cloud.url);
+    let receivers = &health["checks"]["config"]["gatewayReceivers"];
+    assert_eq!(
+        receivers,
+        &json!({"grpc": true, "quic": true, "certificate": "self-signed", "clientCertificates": false})
+    );
+    let integrations = &health["checks"]["integrations"];
+    assert_eq!(integrations["externalProof"]["configured"], false, "{health}");
+    assert_eq!(integrations["exports"]["privateNetworks"], false);
+    assert_eq!(integrations["webhooks"]["maxAttempts"], 6);
     assert!(!health.to_string().contains(TEST_BOOTSTRAP_KEY));
     let response = client.get(cloud.at("/api/health?strict=1")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -525,13 +535,23 @@ async fn health_openapi_and_metrics() {
 
 #[tokio::test]
 async fn strict_health_fails_on_weak_token_settings() {
-    let cloud = Cloud::start(&[("OPGRAPH_JWT_SECRET", "s".repeat(40))]).await.unwrap();
+    let cloud = Cloud::start(&[
+        ("OPGRAPH_JWT_SECRET", "s".repeat(40)),
+        ("OPGRAPH_PROOF_URL", "https://proofs.example/in?token=hush".into()),
+        ("OPGRAPH_PUBLIC_URL", "https://go.example".into()),
+    ])
+    .await
+    .unwrap();
     let client = cloud.http();
     let response = client.get(cloud.at("/api/health")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["status"], "degraded");
     assert!(!body.to_string().contains(&"s".repeat(40)), "secret leaked");
+    // What is configured is said; where it points is not.
+    assert_eq!(body["checks"]["integrations"]["externalProof"]["configured"], true);
+    assert_eq!(body["checks"]["config"]["publicUrl"], "https://go.example");
+    assert!(!body.to_string().contains("hush"), "proof URL shown: {body}");
     let response = client.get(cloud.at("/api/health?strict=1")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
 }

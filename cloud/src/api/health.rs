@@ -65,16 +65,27 @@ pub async fn health(
         detail.extend(more);
     }
     let jwt = &config.auth.jwt;
+    let receivers = &config.receivers;
     let rate = state.usage.rate_config();
     let checks = [
         Check { name: "store", ok: store_ok, required: true, detail: store_detail },
         Check {
             name: "config",
+            // A configuration that fails its checks stops the process at
+            // start (naming the key), so one that serves passed them.
             ok: true,
             required: true,
             detail: json!({
                 "bootstrapKey": if config.auth.bootstrap_key.is_some() { "configured" } else { "generated" },
                 "bodyLimitBytes": config.http.body_limit.as_u64(),
+                // Public by design: every trackable's scan URL starts with it.
+                "publicUrl": crate::api::trackables::public_base(config),
+                "gatewayReceivers": {
+                    "grpc": receivers.grpc_addr.is_some(),
+                    "quic": receivers.quic_addr.is_some(),
+                    "certificate": configured_or(receivers.tls_cert_file.is_some(), "self-signed"),
+                    "clientCertificates": receivers.client_ca_file.is_some(),
+                },
             }),
         },
         Check {
@@ -89,6 +100,23 @@ pub async fn health(
                     "mode": state.auth.jwt_mode(),
                     "issuerConfigured": jwt.issuer.is_some(),
                     "audienceConfigured": jwt.audience.is_some(),
+                },
+                // Optional: without it a proof push is refused (400).
+                "externalProof": {
+                    "configured": config.governance.proof_url.is_some(),
+                    "customCa": config.governance.proof_ca_file.is_some(),
+                    "timeoutMs": millis(config.governance.proof_timeout),
+                },
+                "exports": {
+                    "customCa": config.exports.ca_file.is_some(),
+                    "privateNetworks": config.exports.allow_private_networks,
+                    "timeoutMs": millis(config.exports.timeout),
+                },
+                "webhooks": {
+                    "maxAttempts": config.webhooks.max_attempts,
+                    "retryBaseMs": millis(config.webhooks.retry_base),
+                    "anomalyIntervalMs": millis(config.webhooks.anomaly_interval),
+                    "outstanding": state.webhooks.outstanding(),
                 },
             }),
         },
@@ -133,6 +161,15 @@ pub async fn health(
     let report =
         HealthReport { status, version: env!("CARGO_PKG_VERSION"), checks: Value::Object(map) };
     (code, Json(report))
+}
+
+/// `"configured"`, or what stands in for the setting.
+fn configured_or(configured: bool, default: &'static str) -> &'static str {
+    if configured { "configured" } else { default }
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Prometheus text exposition. The series are the node's, across every
