@@ -260,6 +260,12 @@ pub struct WebhooksConfig {
     /// Env `OPGRAPH_WEBHOOK_ANOMALY_INTERVAL`.
     #[serde(with = "humantime_serde")]
     pub anomaly_interval: Duration,
+    /// How long the delivery log keeps an attempt (and a delivery still
+    /// unfinished stays due): older ones are deleted, checked every
+    /// quarter of this (at most hourly). Default `30days`; `0s` keeps
+    /// everything. Env `OPGRAPH_WEBHOOK_LOG_RETENTION`.
+    #[serde(with = "humantime_serde")]
+    pub log_retention: Duration,
 }
 
 impl Default for WebhooksConfig {
@@ -268,6 +274,7 @@ impl Default for WebhooksConfig {
             max_attempts: 6,
             retry_base: Duration::from_secs(30),
             anomaly_interval: Duration::from_secs(300),
+            log_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -351,6 +358,11 @@ impl Config {
         {
             value.trim().parse().map_err(|e: T::Err| problem(name, format!("{e}: {value:?}")))
         }
+        /// `30s`, `5min`, `30days`: what the TOML file takes too.
+        fn duration(name: &str, value: String) -> Result<Duration, ConfigError> {
+            humantime_serde::re::humantime::parse_duration(value.trim())
+                .map_err(|e| problem(name, format!("{e}: {value:?}")))
+        }
         if let Some(v) = env("OPGRAPH_HTTP_ADDR") {
             self.http.addr = parsed("OPGRAPH_HTTP_ADDR", v)?;
         }
@@ -396,9 +408,7 @@ impl Config {
             self.governance.proof_ca_file = Some(PathBuf::from(v));
         }
         if let Some(v) = env("OPGRAPH_PROOF_TIMEOUT") {
-            self.governance.proof_timeout =
-                humantime_serde::re::humantime::parse_duration(v.trim())
-                    .map_err(|e| problem("OPGRAPH_PROOF_TIMEOUT", format!("{e}: {v:?}")))?;
+            self.governance.proof_timeout = duration("OPGRAPH_PROOF_TIMEOUT", v)?;
         }
         if let Some(v) = env("OPGRAPH_EXPORT_CA_FILE") {
             self.exports.ca_file = Some(PathBuf::from(v));
@@ -408,21 +418,19 @@ impl Config {
                 parsed("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", v)?;
         }
         if let Some(v) = env("OPGRAPH_EXPORT_TIMEOUT") {
-            self.exports.timeout = humantime_serde::re::humantime::parse_duration(v.trim())
-                .map_err(|e| problem("OPGRAPH_EXPORT_TIMEOUT", format!("{e}: {v:?}")))?;
+            self.exports.timeout = duration("OPGRAPH_EXPORT_TIMEOUT", v)?;
         }
         if let Some(v) = env("OPGRAPH_WEBHOOK_MAX_ATTEMPTS") {
             self.webhooks.max_attempts = parsed("OPGRAPH_WEBHOOK_MAX_ATTEMPTS", v)?;
         }
         if let Some(v) = env("OPGRAPH_WEBHOOK_ANOMALY_INTERVAL") {
-            self.webhooks.anomaly_interval =
-                humantime_serde::re::humantime::parse_duration(v.trim()).map_err(|e| {
-                    problem("OPGRAPH_WEBHOOK_ANOMALY_INTERVAL", format!("{e}: {v:?}"))
-                })?;
+            self.webhooks.anomaly_interval = duration("OPGRAPH_WEBHOOK_ANOMALY_INTERVAL", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_WEBHOOK_LOG_RETENTION") {
+            self.webhooks.log_retention = duration("OPGRAPH_WEBHOOK_LOG_RETENTION", v)?;
         }
         if let Some(v) = env("OPGRAPH_WEBHOOK_RETRY_BASE") {
-            self.webhooks.retry_base = humantime_serde::re::humantime::parse_duration(v.trim())
-                .map_err(|e| problem("OPGRAPH_WEBHOOK_RETRY_BASE", format!("{e}: {v:?}")))?;
+            self.webhooks.retry_base = duration("OPGRAPH_WEBHOOK_RETRY_BASE", v)?;
         }
         if let Some(v) = env("OPGRAPH_WRITER_CACHE") {
             self.store.writer_cache = parsed("OPGRAPH_WRITER_CACHE", v)?;

@@ -52,6 +52,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     let flusher = tokio::spawn(flush_usage(state.clone(), shutdown.clone()));
     let watcher = tokio::spawn(Arc::clone(&state.webhooks).watch_anomalies(shutdown.clone()));
+    let pruner = tokio::spawn(Arc::clone(&state.webhooks).prune_log(shutdown.clone()));
     tokio::spawn(Arc::clone(&state.webhooks).resume());
     let app = api::routes().into_router(state.clone());
     let stop = shutdown.clone();
@@ -72,6 +73,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     let _ = flusher.await;
     watcher.abort();
+    pruner.abort();
     let pending = state.webhooks.outstanding();
     if pending > 0 {
         tracing::info!(pending, "webhook deliveries pending; the next start carries on with them");

@@ -19,6 +19,9 @@
 //! attempt to after its last, so a process stopped or killed between
 //! attempts leaves it to the next start ([`Webhooks::resume`]), which
 //! sends the same bytes under the same delivery id.
+//!
+//! The delivery log is kept for `webhooks.log_retention` (30 days by
+//! default); [`Webhooks::prune_log`] deletes what is older.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,6 +66,9 @@ const CACHE_TTL: Duration = Duration::from_secs(5);
 const MAX_OUTSTANDING: usize = 10_000;
 /// Requests in flight at once, across webhooks.
 const MAX_SENDING: usize = 32;
+/// Rows deleted per store call of the log's retention, and calls per pass.
+const PRUNE_BATCH: usize = 5000;
+const PRUNE_BATCHES: usize = 100;
 /// Most webhooks a delivery is fanned out to: a workspace's whole list.
 pub const MAX_PER_WORKSPACE: usize = 100;
 
@@ -430,6 +436,42 @@ impl Webhooks {
             }
         }
         Ok(())
+    }
+
+    /// Every quarter of `webhooks.log_retention` (at most hourly, the
+    /// first at start) until `shutdown`: deletes the attempts logged, and
+    /// the deliveries due, longer ago than the retention.
+    pub async fn prune_log(self: Arc<Self>, shutdown: CancellationToken) {
+        let retention = self.config.webhooks.log_retention;
+        if retention.is_zero() {
+            return;
+        }
+        let every = (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            let before = crate::now_ms()
+                .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+            // In batches, so that the store's writer is never held long;
+            // what a pass leaves the next one takes.
+            for _ in 0..PRUNE_BATCHES {
+                match self.store.prune_webhook_log(before, PRUNE_BATCH).await {
+                    Ok(Some(deleted)) if deleted >= PRUNE_BATCH as u64 => {}
+                    Ok(deleted) => {
+                        tracing::debug!(?deleted, "webhook delivery log pruned");
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "webhook delivery log not pruned; the next pass tries again");
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     fn count(&self, outcome: &str) {

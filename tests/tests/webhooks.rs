@@ -326,6 +326,36 @@ async fn a_delivery_left_by_a_killed_cloud_is_resumed(backend: Backend) {
     assert_eq!(done["subject"], decided["receiptId"]);
 }
 
+/// The delivery log keeps attempts for `webhooks.log_retention` only.
+#[tokio::test]
+async fn the_delivery_log_forgets_attempts_past_its_retention() {
+    let endpoint = https_endpoint::start(vec![500]).await;
+    let short = [
+        ("OPGRAPH_WEBHOOK_MAX_ATTEMPTS", "1".to_owned()),
+        ("OPGRAPH_WEBHOOK_LOG_RETENTION", "2s".to_owned()),
+    ];
+    let cloud = start_with(Backend::Embedded, &endpoint, &short).await;
+    let (client, key) = (client(), cloud.key.clone());
+    let body = json!({"url": endpoint.url, "events": ["enforcement.decided"], "secret": SECRET});
+    let (_, created) = create(&client, &cloud, &key, &body).await;
+    let id = created["webhook"]["id"].as_str().unwrap().to_owned();
+    let (status, decided) = cloud
+        .call(&client, &key, Method::POST, "/api/governance/enforce", Some(&enforcement()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    let logged = log_of(&client, &cloud, &key, &id, 1).await;
+    assert_eq!(logged[0]["status"], "failed");
+    let path = format!("/api/webhooks/{id}/deliveries");
+    eventually("the attempt pruned", WITHIN, || async {
+        let (_, log) = cloud.call(&client, &key, Method::GET, &path, None).await;
+        log["deliveries"].as_array().is_some_and(Vec::is_empty).then_some(())
+    })
+    .await;
+    // The webhook itself stays.
+    let (_, listed) = cloud.call(&client, &key, Method::GET, "/api/webhooks", None).await;
+    assert_eq!(listed["webhooks"][0]["id"], id.as_str());
+}
+
 async fn bad_webhooks_are_refused(backend: Backend) {
     let endpoint = https_endpoint::start(vec![200]).await;
     let cloud = start(backend, &endpoint).await;

@@ -1342,6 +1342,43 @@ pub async fn webhooks(store: &dyn Store) {
         .map(|(_, p)| p.delivery_id)
         .collect();
     assert_eq!(left, ["whd_2", "whd_3"]);
+
+    // Retention. whd_4 finished early, while its next attempt was still
+    // due in an hour: it must not come back as pending when its last
+    // version goes before an earlier one.
+    let now = crate::now_ms();
+    store.save_pending_delivery(WS, &pending("whd_4", 1, now + 3_600_000)).await.unwrap();
+    store.finish_pending_delivery(WS, "whd_4").await.unwrap();
+    store.save_pending_delivery(WS, &pending("whd_5", 1, now + 3_600_000)).await.unwrap();
+    store.prune_webhook_log(T + 600, 100).await.unwrap();
+    let logged = || async {
+        let log = store.list_webhook_attempts(WS, "whk_a", 10).await.unwrap();
+        log.into_iter().map(|a| (a.delivery_id, a.attempt)).collect::<Vec<_>>()
+    };
+    let due = || async {
+        let due = store.pending_deliveries(10).await.unwrap();
+        due.into_iter().map(|(_, p)| p.delivery_id).collect::<Vec<_>>()
+    };
+    // ClickHouse deletes in the background: wait for it, bounded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while (logged().await.len(), due().await.len()) != (1, 1)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(logged().await, [("whd_1".to_owned(), 2)], "attempts before the cut are gone");
+    assert_eq!(due().await, ["whd_5"], "due before the cut: gone; finished: stays finished");
+    // whd_6, due before the next cut, shows when its deletion has run.
+    store.save_pending_delivery(WS, &pending("whd_6", 1, now + 30_000)).await.unwrap();
+    store.prune_webhook_log(now + 60_000, 100).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while (!logged().await.is_empty() || due().await.contains(&"whd_6".to_owned()))
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(logged().await.is_empty());
+    assert_eq!(due().await, ["whd_5"], "whd_4 stays finished; whd_5 is due after the cut");
 }
 
 /// Runs the whole suite against a backend: one test per case, each on a

@@ -89,6 +89,11 @@ pub trait WebhookStore: Send + Sync {
     /// Deliveries not finished, across workspaces (what a starting process
     /// resumes), the earliest due first, at most `limit`.
     async fn pending_deliveries(&self, limit: usize) -> Result<Vec<(String, PendingDelivery)>>;
+    /// Retention: deletes the attempts logged before `before_ms` and the
+    /// deliveries due (or finished) before it, at most about `limit` rows.
+    /// Answers how many rows went, or `None` when the store deletes in the
+    /// background and cannot tell (ClickHouse mutations).
+    async fn prune_webhook_log(&self, before_ms: i64, limit: usize) -> Result<Option<u64>>;
     /// Attempts of one webhook, newest first.
     async fn list_webhook_attempts(
         &self,

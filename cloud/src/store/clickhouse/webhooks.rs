@@ -150,7 +150,9 @@ impl WebhookStore for ClickHouseStore {
         let row = PendingRow {
             workspace_id: ws,
             delivery_id,
-            due_at: 0,
+            // When it finished, so that retention keeps it as long as the
+            // versions before it (see `prune_webhook_log`).
+            due_at: crate::now_ms(),
             done: 1,
             body: "",
             version: self.clock.next(),
@@ -171,6 +173,30 @@ impl WebhookStore for ClickHouseStore {
             .fetch_all())
         .await?;
         rows.into_iter().map(|r| Ok((r.workspace_id, from_json(&r.body)?))).collect()
+    }
+
+    /// Two `ALTER TABLE ... DELETE` mutations, which ClickHouse applies in
+    /// the background. A finished delivery has several versions, the last
+    /// one `done`; deleting that one alone would make the delivery pending
+    /// again, so the table is first merged down to one version per
+    /// delivery. A version written after the merge is due (or finished)
+    /// after `before_ms` and stays.
+    async fn prune_webhook_log(&self, before_ms: i64, _limit: usize) -> Result<Option<u64>> {
+        let statements = [
+            format!(
+                "ALTER TABLE {} DELETE WHERE created_at < {before_ms}",
+                self.mutation_target("webhook_attempts")
+            ),
+            format!("OPTIMIZE TABLE {} FINAL", self.mutation_target("webhook_pending")),
+            format!(
+                "ALTER TABLE {} DELETE WHERE due_at < {before_ms}",
+                self.mutation_target("webhook_pending")
+            ),
+        ];
+        for statement in statements {
+            run(self.client.query(&statement).sent().execute()).await?;
+        }
+        Ok(None)
     }
 
     async fn list_webhook_attempts(

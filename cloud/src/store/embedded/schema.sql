@@ -302,6 +302,8 @@ CREATE TABLE IF NOT EXISTS webhook_attempts (
     body         TEXT NOT NULL,
     PRIMARY KEY (workspace_id, webhook_id, created_at, delivery_id, attempt)
 ) WITHOUT ROWID;
+-- Retention deletes the oldest first, across workspaces.
+CREATE INDEX IF NOT EXISTS webhook_attempts_created ON webhook_attempts (created_at);
 
 -- Deliveries not finished, so that a restart carries on with them; a
 -- finished one is deleted.

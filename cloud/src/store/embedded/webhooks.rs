@@ -139,6 +139,26 @@ impl WebhookStore for EmbeddedStore {
         .await
     }
 
+    async fn prune_webhook_log(&self, before_ms: i64, limit: usize) -> Result<Option<u64>> {
+        self.write(move |conn| {
+            let attempts = conn
+                .prepare_cached(
+                    "DELETE FROM webhook_attempts
+                     WHERE (workspace_id, webhook_id, created_at, delivery_id, attempt) IN (
+                        SELECT workspace_id, webhook_id, created_at, delivery_id, attempt
+                        FROM webhook_attempts WHERE created_at < ?1 ORDER BY created_at LIMIT ?2)",
+                )
+                .and_then(|mut s| s.execute(params![before_ms, limit_arg(limit)]))
+                .map_err(sql)?;
+            let pending = conn
+                .prepare_cached("DELETE FROM webhook_pending WHERE due_at < ?1")
+                .and_then(|mut s| s.execute(params![before_ms]))
+                .map_err(sql)?;
+            Ok(Some((attempts + pending) as u64))
+        })
+        .await
+    }
+
     async fn list_webhook_attempts(
         &self,
         ws: &str,
