@@ -30,9 +30,12 @@
 //!   trails pushed to the external proof service, destination exports
 //!   ([`sigv4`] signs those to S3).
 //! - [`telemetry`] holds the Prometheus metrics; [`ids`] makes identifiers.
+//! - [`cli`] is the `opgraph` client: commands and the MCP server over
+//!   the HTTP API, sharing nothing with the server but this crate.
 
 pub mod api;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod connectors;
 pub mod error;

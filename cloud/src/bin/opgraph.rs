@@ -1,0 +1,5 @@
+//! The `opgraph` binary: see [`opgraph_cloud::cli`].
+
+fn main() -> std::process::ExitCode {
+    opgraph_cloud::cli::main()
+}
