@@ -100,19 +100,6 @@ impl Usage {
         }
     }
 
-    /// Refuses `adding` events once they would pass the monthly event quota.
-    pub async fn check_quota(
-        &self,
-        store: &dyn Store,
-        workspace_id: &str,
-        adding: usize,
-    ) -> Result<()> {
-        match self.quota_left(store, workspace_id).await? {
-            Some(left) if adding as u64 > left => Err(quota_exceeded()),
-            _ => Ok(()),
-        }
-    }
-
     /// How many more events the workspace may store this month; `None`
     /// without a quota. Read from a count cached for [`QUOTA_CACHE`] (with
     /// what this process stored since added), so other nodes and concurrent

@@ -118,7 +118,10 @@ pub async fn ingest(
             Err(error) => rejected.push(RejectedRecord { index, error }),
         }
     }
-    state.usage.check_quota(state.store.as_ref(), &principal.workspace_id, accepted.len()).await?;
+    // The store applies the quota to new events only: a re-sync of known
+    // records is an update and passes however little is left.
+    let new_event_limit =
+        state.usage.quota_left(state.store.as_ref(), &principal.workspace_id).await?;
     let sync = SyncRecord {
         id: crate::ids::new_id("syn"),
         provider: provider.to_owned(),
@@ -129,8 +132,10 @@ pub async fn ingest(
         rejected: rejected.len() as u64,
         created_at: now,
     };
-    let stored =
-        state.store.upsert_connector_records(&principal.workspace_id, accepted, sync).await?;
+    let stored = state
+        .store
+        .upsert_connector_records(&principal.workspace_id, accepted, sync, new_event_limit)
+        .await?;
     let ingested = usize::try_from(stored.ingested).unwrap_or(usize::MAX);
     state.usage.count_stored(&principal.workspace_id, ingested);
     state.metrics.ingested("connector", ingested);

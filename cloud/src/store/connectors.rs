@@ -52,11 +52,14 @@ pub trait ConnectorStore: Send + Sync {
     /// Stores the records' events (new ones added, known ones replaced under
     /// their first id) and the sync record, all in one transaction. A record
     /// id repeated within the call is an update of its earlier occurrence.
+    /// More new events than `new_event_limit` (what is left of the quota)
+    /// refuse the whole call; updates do not count.
     async fn upsert_connector_records(
         &self,
         workspace_id: &str,
         records: Vec<ConnectorRecord>,
         sync: SyncRecord,
+        new_event_limit: Option<u64>,
     ) -> Result<ConnectorUpsert>;
     /// The latest sync records, newest first.
     async fn list_connector_syncs(

@@ -275,6 +275,7 @@ async fn upsert(
     ws: &str,
     records: Vec<ConnectorRecord>,
     mut sync: SyncRecord,
+    new_event_limit: Option<u64>,
 ) -> Result<ConnectorUpsert> {
     let now = crate::now_ms();
     let provider = sync.provider.clone();
@@ -332,6 +333,9 @@ async fn upsert(
             .get(record_id.as_str())
             .ok_or_else(|| Error::internal("connector record without an event id"))?;
         out.ids.push(id.clone());
+    }
+    if new_event_limit.is_some_and(|left| out.ingested > left) {
+        return Err(crate::usage::quota_exceeded());
     }
 
     let version = store.clock.next();
@@ -431,10 +435,11 @@ impl ConnectorStore for ClickHouseStore {
         workspace_id: &str,
         records: Vec<ConnectorRecord>,
         sync: SyncRecord,
+        new_event_limit: Option<u64>,
     ) -> Result<ConnectorUpsert> {
         let lock = self.lock_for(workspace_id)?;
         let _guard = lock.lock().await;
-        upsert(self, workspace_id, records, sync).await
+        upsert(self, workspace_id, records, sync, new_event_limit).await
     }
 
     async fn list_connector_syncs(
@@ -551,6 +556,7 @@ pub(super) mod tests {
                     record("2", "order.created", 7, 5.0, 20),
                 ],
                 sync("shopify", 3, 1),
+                None,
             )
             .await
             .unwrap();
@@ -564,6 +570,7 @@ pub(super) mod tests {
                     record("3", "order.created", 7, 1.0, 5),
                 ],
                 sync("shopify", 4, 0),
+                None,
             )
             .await
             .unwrap();
@@ -575,6 +582,7 @@ pub(super) mod tests {
                 WS,
                 vec![record("1", "acme.record", 9, 2.0, 1)],
                 sync("acme", 1, 0),
+                None,
             )
             .await
             .unwrap();
@@ -607,6 +615,43 @@ pub(super) mod tests {
                 .map(|l| ConnectorLoad { last_sync_at: 0, ..l })
                 .collect(),
         }
+    }
+
+    /// What is left of the quota limits new records only: a re-sync of
+    /// known ones passes with nothing left, and a call with one record too
+    /// many stores nothing, its sync record included.
+    async fn quota_counts_new_records_only(store: &dyn Store, now: i64) {
+        let workspace = Workspace { id: WS.into(), name: WS.into(), created_at: 0 };
+        store.create_workspace(&workspace).await.unwrap();
+        let record = |id, total| record(now, id, "order.created", 7, total, 5);
+        let upsert = |records, limit| {
+            store.upsert_connector_records(WS, records, sync("shopify", 2, 0), limit)
+        };
+        upsert(vec![record("1", 1.0), record("2", 2.0)], None).await.unwrap();
+        let again = upsert(vec![record("1", 3.0), record("2", 4.0)], Some(0)).await.unwrap();
+        assert_eq!((again.ingested, again.updated), (0, 2));
+        let refused = upsert(vec![record("1", 5.0), record("3", 6.0)], Some(0)).await.unwrap_err();
+        assert_eq!(refused.code(), "rate_limited");
+        assert_eq!(store.list_connector_syncs(WS, 10).await.unwrap().len(), 2);
+        let within = upsert(vec![record("1", 5.0), record("3", 6.0)], Some(1)).await.unwrap();
+        assert_eq!((within.ingested, within.updated), (1, 1));
+        let filter = crate::store::EventFilter { limit: 10, ..Default::default() };
+        assert_eq!(store.list_events(WS, &filter).await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn the_quota_counts_new_records_only() {
+        let now = crate::now_ms();
+        let (store, _server) = crate::store::clickhouse::tests::open().await;
+        quota_counts_new_records_only(&store, now).await;
+        let dir = tempfile::tempdir().unwrap();
+        let embedded = crate::store::embedded::EmbeddedStore::open(
+            dir.path(),
+            crate::store::embedded::EmbeddedOptions::default(),
+        )
+        .unwrap();
+        quota_counts_new_records_only(&embedded, now).await;
+        embedded.close().await.unwrap();
     }
 
     async fn resync_on_embedded(now: i64) -> Seen {
@@ -725,7 +770,7 @@ pub(super) mod tests {
         store.insert_rows::<RecordRow<'_>>("connector_records", &[row]).await.unwrap();
         let retry = vec![record(crate::now_ms(), "1", "order.created", 7, 10.0, 1)];
         let stored =
-            store.upsert_connector_records(WS, retry, sync("shopify", 1, 0)).await.unwrap();
+            store.upsert_connector_records(WS, retry, sync("shopify", 1, 0), None).await.unwrap();
         assert_eq!((stored.ingested, stored.updated), (1, 0));
         assert_eq!(stored.ids, ["evt_orphan"]);
         let filter = EventFilter { limit: 10, ..EventFilter::default() };

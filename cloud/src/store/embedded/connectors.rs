@@ -116,6 +116,7 @@ fn upsert(
     ws: &str,
     records: Vec<ConnectorRecord>,
     mut sync: SyncRecord,
+    new_event_limit: Option<u64>,
     hints: &Hints,
 ) -> Result<ConnectorUpsert> {
     let now = crate::now_ms();
@@ -156,6 +157,10 @@ fn upsert(
         .and_then(|mut s| s.execute(params![ws, sync.provider, record_id, id, now]))
         .map_err(sql)?;
         out.ids.push(id);
+    }
+    // An error rolls the job back: nothing of it stays.
+    if new_event_limit.is_some_and(|left| out.ingested > left) {
+        return Err(crate::usage::quota_exceeded());
     }
     if out.updated > 0 {
         conn.prepare_cached(
@@ -203,10 +208,11 @@ impl ConnectorStore for EmbeddedStore {
         workspace_id: &str,
         records: Vec<ConnectorRecord>,
         sync: SyncRecord,
+        new_event_limit: Option<u64>,
     ) -> Result<ConnectorUpsert> {
         let ws = workspace_id.to_owned();
         let hints = self.search.hints();
-        self.write(move |conn| upsert(conn, &ws, records, sync, &hints)).await
+        self.write(move |conn| upsert(conn, &ws, records, sync, new_event_limit, &hints)).await
     }
 
     async fn list_connector_syncs(
@@ -312,13 +318,13 @@ mod tests {
             newest.await.unwrap()
         }
         store
-            .upsert_connector_records("ws_a", vec![record("1", 10.0, now)], sync(1))
+            .upsert_connector_records("ws_a", vec![record("1", 10.0, now)], sync(1), None)
             .await
             .unwrap();
         assert_eq!(store.search_events("ws_a", &search("total 10")).await.unwrap().total, 1);
         let before = newest_seq(&store).await;
         store
-            .upsert_connector_records("ws_a", vec![record("1", 12.0, now)], sync(1))
+            .upsert_connector_records("ws_a", vec![record("1", 12.0, now)], sync(1), None)
             .await
             .unwrap();
         assert_eq!(newest_seq(&store).await, before, "the replacement took the same seq");
@@ -338,6 +344,7 @@ mod tests {
                 "ws_a",
                 vec![record("1", 10.0, now), record("2", 5.0, now)],
                 sync(2),
+                None,
             )
             .await
             .unwrap();
@@ -348,6 +355,7 @@ mod tests {
                 "ws_a",
                 vec![record("1", 12.0, now), record("1", 15.0, now), record("3", 1.0, now)],
                 sync(3),
+                None,
             )
             .await
             .unwrap();
@@ -405,7 +413,7 @@ mod tests {
         let m = 60_000;
         let at = |id: &str, minutes_ago: i64| record_at(id, 1.0, now, now - minutes_ago * m);
         let records = vec![at("1", 30), at("2", 20), at("3", 10)];
-        store.upsert_connector_records("ws_a", records, sync(3)).await.unwrap();
+        store.upsert_connector_records("ws_a", records, sync(3), None).await.unwrap();
         let bounds = || {
             store.read(|conn| {
                 let q = "SELECT first_ts, last_ts FROM event_actors WHERE business_id = ''";
@@ -428,11 +436,11 @@ mod tests {
         };
         assert_eq!(bounds().await.unwrap(), (now - 30 * m, now - 10 * m));
         // The middle one replaced: the bounds still hold.
-        store.upsert_connector_records("ws_a", vec![at("2", 20)], sync(1)).await.unwrap();
+        store.upsert_connector_records("ws_a", vec![at("2", 20)], sync(1), None).await.unwrap();
         assert_eq!(bounds().await.unwrap(), (now - 30 * m, now - 10 * m));
         // The first one moved later: its old time was a bound, now unknown;
         // counts read the events.
-        store.upsert_connector_records("ws_a", vec![at("1", 15)], sync(1)).await.unwrap();
+        store.upsert_connector_records("ws_a", vec![at("1", 15)], sync(1), None).await.unwrap();
         assert_eq!(bounds().await.unwrap(), (i64::MIN, i64::MAX));
         assert_eq!(unique(40, 0).await, 1);
         assert_eq!(unique(40, 25).await, 0);
