@@ -81,6 +81,24 @@ fn enforcement() -> Value {
         "proposedAction": {"action": "refund", "amount": 20, "currency": "EUR", "actor": "agent-7"}})
 }
 
+/// A webhook for `enforcement.decided` to `endpoint`, then one enforcement
+/// call: the webhook's id and the call's answer.
+async fn subscribe_and_enforce(
+    client: &Client,
+    cloud: &Cloud,
+    key: &str,
+    endpoint: &Endpoint,
+) -> (String, Value) {
+    let body = json!({"url": endpoint.url, "events": ["enforcement.decided"], "secret": SECRET});
+    let (_, created) = create(client, cloud, key, &body).await;
+    let id = created["webhook"]["id"].as_str().unwrap().to_owned();
+    let (status, decided) = cloud
+        .call(client, key, Method::POST, "/api/governance/enforce", Some(&enforcement()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    (id, decided)
+}
+
 fn sha256(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -297,13 +315,7 @@ async fn a_delivery_left_by_a_killed_cloud_is_resumed(backend: Backend) {
     let slow = [("OPGRAPH_WEBHOOK_RETRY_BASE", "1s".to_owned())];
     let cloud = start_with(backend, &endpoint, &slow).await;
     let (client, key) = (client(), cloud.key.clone());
-    let body = json!({"url": endpoint.url, "events": ["enforcement.decided"], "secret": SECRET});
-    let (_, created) = create(&client, &cloud, &key, &body).await;
-    let id = created["webhook"]["id"].as_str().unwrap().to_owned();
-    let (status, decided) = cloud
-        .call(&client, &key, Method::POST, "/api/governance/enforce", Some(&enforcement()))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{decided}");
+    let (id, decided) = subscribe_and_enforce(&client, &cloud, &key, &endpoint).await;
     let first = endpoint.wait_for(1, WITHIN).await;
     // Killed between the failed attempt and its retry.
     let cloud = cloud.kill().await.unwrap().start().await.unwrap();
@@ -336,13 +348,7 @@ async fn the_delivery_log_forgets_attempts_past_its_retention() {
     ];
     let cloud = start_with(Backend::Embedded, &endpoint, &short).await;
     let (client, key) = (client(), cloud.key.clone());
-    let body = json!({"url": endpoint.url, "events": ["enforcement.decided"], "secret": SECRET});
-    let (_, created) = create(&client, &cloud, &key, &body).await;
-    let id = created["webhook"]["id"].as_str().unwrap().to_owned();
-    let (status, decided) = cloud
-        .call(&client, &key, Method::POST, "/api/governance/enforce", Some(&enforcement()))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{decided}");
+    let (id, _) = subscribe_and_enforce(&client, &cloud, &key, &endpoint).await;
     let logged = log_of(&client, &cloud, &key, &id, 1).await;
     assert_eq!(logged[0]["status"], "failed");
     let path = format!("/api/webhooks/{id}/deliveries");
