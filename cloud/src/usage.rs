@@ -101,7 +101,7 @@ impl Usage {
     }
 
     /// How many more events the workspace may store this month; `None`
-    /// without a quota. Read from a count cached for [`QUOTA_CACHE`] (with
+    /// without a quota. Read from a count cached for two seconds (with
     /// what this process stored since added), so other nodes and concurrent
     /// requests may overshoot it by what they store in that time.
     pub async fn quota_left(&self, store: &dyn Store, workspace_id: &str) -> Result<Option<u64>> {

@@ -458,6 +458,9 @@ async fn health_usage_and_agent_context() {
     let actions = a["nextActions"].as_array().unwrap();
     assert_eq!(actions.len(), 2, "bounded by limit: {a}");
     assert_eq!(actions[0]["action"], "investigate_failed_run");
+    // With the signals they come from.
+    assert_eq!(a["changes"]["current"]["totalEvents"], 17, "{a}");
+    assert_eq!(a["missingProofEvents"][0]["decisionId"], "dec_gap");
 
     let (_, a) = api.post(ctx, &json!({"mode": "summarize"})).await;
     assert_eq!(a["changes"]["current"]["totalEvents"], 17, "{a}");

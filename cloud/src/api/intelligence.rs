@@ -503,8 +503,9 @@ pub async fn agent_context(
     }
     let limit = body_limit(input.limit);
     let want = match input.mode {
-        Mode::Summarize => Want::ALL,
-        Mode::RecommendNextActions => Want { actions: true, ..Want::default() },
+        // The actions are derived from every signal, which comes with
+        // them as their evidence.
+        Mode::Summarize | Mode::RecommendNextActions => Want::ALL,
         Mode::DetectAnomalies => Want { anomalies: true, ..Want::default() },
         Mode::ProofGaps => Want { gaps: true, ..Want::default() },
     };
