@@ -109,14 +109,24 @@ impl WebhookStore for ClickHouseStore {
         let Some(body) = current.first() else {
             return Ok(false);
         };
+        // The row stays, so that its log stays explained; its secret has
+        // no use left and goes, from the older version too once the table
+        // is merged (right away: deletions are rare and the table small).
+        let mut hook: Webhook = from_json(body)?;
+        hook.secret.clear();
+        let body = to_json(&hook)?;
         let row = WebhookRow {
             workspace_id: ws,
             id,
             deleted_at: at_ms.max(1),
-            body,
+            body: &body,
             version: self.clock.next(),
         };
         self.insert_rows::<WebhookRow<'_>>("webhooks", &[row]).await?;
+        let merge = format!("OPTIMIZE TABLE {} FINAL", self.mutation_target("webhooks"));
+        if let Err(error) = run(self.client.query(&merge).sent().execute()).await {
+            tracing::warn!(%error, "webhooks not merged; a deleted secret stays until the next merge");
+        }
         Ok(true)
     }
 
@@ -219,5 +229,31 @@ impl WebhookStore for ClickHouseStore {
             .fetch_all())
         .await?;
         bodies.iter().map(|body| from_json(body)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_deleted_webhook_keeps_no_secret() {
+        let (store, _server) = crate::store::clickhouse::tests::open().await;
+        let hook = Webhook {
+            id: "whk_a".into(),
+            url: "https://hooks.example/a".into(),
+            events: vec!["enforcement.decided".into()],
+            secret: "s3cret-to-forget".into(),
+            created_at: 1,
+        };
+        store.insert_webhook("ws", &hook).await.unwrap();
+        assert!(store.delete_webhook("ws", "whk_a", 2).await.unwrap());
+        let bodies: Vec<String> =
+            store.client.query("SELECT body FROM webhooks").fetch_all().await.unwrap();
+        assert_eq!(bodies.len(), 1, "merged to one version: {bodies:?}");
+        assert!(!bodies[0].contains("s3cret"), "{bodies:?}");
+        assert!(store.list_webhooks("ws", 10).await.unwrap().is_empty());
     }
 }

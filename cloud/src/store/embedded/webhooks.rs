@@ -61,8 +61,10 @@ impl WebhookStore for EmbeddedStore {
         let (ws, id) = (ws.to_owned(), id.to_owned());
         self.write(move |conn| {
             let changed = conn
+                // The row stays, so that its log stays explained; its
+                // secret has no use left and goes.
                 .prepare_cached(
-                    "UPDATE webhooks SET deleted_at = ?3
+                    "UPDATE webhooks SET deleted_at = ?3, body = json_set(body, '$.secret', '')
                      WHERE workspace_id = ?1 AND id = ?2 AND deleted_at IS NULL",
                 )
                 .and_then(|mut s| s.execute(params![ws, id, at_ms]))
@@ -179,5 +181,37 @@ impl WebhookStore for EmbeddedStore {
             rows.map(|row| from_json(&row.map_err(sql)?)).collect()
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_deleted_webhook_keeps_no_secret() {
+        let (store, _dir) = crate::store::embedded::temp_store();
+        let hook = Webhook {
+            id: "whk_a".into(),
+            url: "https://hooks.example/a".into(),
+            events: vec!["enforcement.decided".into()],
+            secret: "s3cret-to-forget".into(),
+            created_at: 1,
+        };
+        store.insert_webhook("ws", &hook).await.unwrap();
+        assert!(store.delete_webhook("ws", "whk_a", 2).await.unwrap());
+        let body = store
+            .read(|conn| {
+                conn.query_row("SELECT body FROM webhooks WHERE id = 'whk_a'", [], |r| {
+                    r.get::<_, String>(0)
+                })
+                .map_err(sql)
+            })
+            .await
+            .unwrap();
+        assert!(!body.contains("s3cret"), "{body}");
+        assert!(body.contains("hooks.example/a"), "the rest stays: {body}");
     }
 }
