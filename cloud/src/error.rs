@@ -35,11 +35,6 @@ pub enum Error {
     RateLimited { retry_after_secs: u64 },
     #[error("the store is unavailable")]
     Unavailable { retry_after_secs: u64 },
-    /// Something the API names but does not offer yet (a destination
-    /// kind, a backend still being completed): answered as 501 so that a
-    /// client never mistakes it for an empty result.
-    #[error("{0}")]
-    NotImplemented(String),
     #[error("{0} is not allowed on this route")]
     MethodNotAllowed(String),
     /// Anything we did not expect: logged with its cause, answered as 500
@@ -77,7 +72,6 @@ impl Error {
             }
             Error::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Error::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            Error::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
             Error::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }

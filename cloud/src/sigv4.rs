@@ -1,5 +1,5 @@
-//! AWS Signature Version 4 for one S3 `PUT` of a JSON object: what the S3
-//! destination export sends, and what any S3-compatible store checks.
+//! AWS Signature Version 4: the S3 `PUT` of the S3 and GCS destination
+//! exports, and the Redshift Data API call of the Redshift destination.
 //! No I/O and no clock: the caller passes the time, so tests can pin it.
 //!
 //! The signature covers the method, the path, the `Content-Type`, `Host`,
@@ -21,7 +21,7 @@ pub struct Credentials {
     pub region: String,
 }
 
-/// The headers to add to the request, `Authorization` last.
+/// The headers to add to an S3 `PUT`, `Authorization` last.
 pub fn sign_put(
     credentials: &Credentials,
     host: &str,
@@ -30,30 +30,59 @@ pub fn sign_put(
     payload: &[u8],
     now_ms: i64,
 ) -> Vec<(&'static str, String)> {
+    let request = Request { service: "s3", method: "PUT", host, path, content_type, extra: &[] };
+    sign(credentials, &request, payload, now_ms)
+}
+
+/// What is signed of a request besides its payload.
+pub struct Request<'a> {
+    /// `s3`, `redshift-data`, ...
+    pub service: &'a str,
+    pub method: &'a str,
+    pub host: &'a str,
+    /// Encoded as sent (see [`encode_path`]).
+    pub path: &'a str,
+    pub content_type: &'a str,
+    /// More headers to send and sign, e.g. `x-amz-target`; lower-case names.
+    pub extra: &'a [(&'static str, String)],
+}
+
+/// The headers to add to `request`, `Authorization` last.
+pub fn sign(
+    credentials: &Credentials,
+    request: &Request<'_>,
+    payload: &[u8],
+    now_ms: i64,
+) -> Vec<(&'static str, String)> {
+    let service = request.service;
     let amz_date = amz_date(now_ms);
     let day = &amz_date[..8];
     let payload_hash = sha256_hex(payload);
     let mut headers: Vec<(&'static str, String)> = vec![
-        ("content-type", content_type.to_owned()),
-        ("host", host.to_owned()),
+        ("content-type", request.content_type.to_owned()),
+        ("host", request.host.to_owned()),
         ("x-amz-content-sha256", payload_hash.clone()),
         ("x-amz-date", amz_date.clone()),
     ];
     if let Some(token) = &credentials.session_token {
         headers.push(("x-amz-security-token", token.clone()));
     }
-    // Sorted by name already, as the canonical form wants them.
+    headers.extend(request.extra.iter().cloned());
+    // The canonical form lists them sorted by name.
+    headers.sort_by(|a, b| a.0.cmp(b.0));
     let canonical_headers: String =
         headers.iter().map(|(name, value)| format!("{name}:{}\n", value.trim())).collect();
     let signed_headers = headers.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(";");
-    let canonical_request =
-        format!("PUT\n{path}\n\n{canonical_headers}\n{signed_headers}\n{payload_hash}");
-    let scope = format!("{day}/{}/s3/aws4_request", credentials.region);
+    let canonical_request = format!(
+        "{}\n{}\n\n{canonical_headers}\n{signed_headers}\n{payload_hash}",
+        request.method, request.path
+    );
+    let scope = format!("{day}/{}/{service}/aws4_request", credentials.region);
     let string_to_sign = format!(
         "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
         sha256_hex(canonical_request.as_bytes())
     );
-    let key = [day, credentials.region.as_str(), "s3", "aws4_request"]
+    let key = [day, credentials.region.as_str(), service, "aws4_request"]
         .iter()
         .fold(format!("AWS4{}", credentials.secret_access_key).into_bytes(), |key, part| {
             hmac_sha256(&key, part.as_bytes()).to_vec()

@@ -27,6 +27,12 @@ pub struct Endpoint {
 }
 
 pub async fn start(plan: Vec<u16>) -> Endpoint {
+    start_answering(plan.into_iter().map(|status| (status, "")).collect()).await
+}
+
+/// [`start`] with the body of each answer too; `""` answers the default
+/// `{"id": "ext-N"}`.
+pub async fn start_answering(plan: Vec<(u16, &'static str)>) -> Endpoint {
     let dir = tempfile::tempdir().unwrap();
     let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
     let ca_file = dir.path().join("endpoint-ca.pem");
@@ -54,8 +60,9 @@ pub async fn start(plan: Vec<u16>) -> Endpoint {
             let (head, body) = read_request(&mut tls).await;
             let n = count.fetch_add(1, Ordering::SeqCst);
             seen.lock().unwrap().push((head, body));
-            let status = plan[n.min(plan.len() - 1)];
-            let answer = format!("{{\"id\": \"ext-{n}\"}}");
+            let (status, body) = plan[n.min(plan.len() - 1)];
+            let answer =
+                if body.is_empty() { format!("{{\"id\": \"ext-{n}\"}}") } else { body.to_owned() };
             let response = format!(
                 "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
                 answer.len()

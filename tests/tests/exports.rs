@@ -204,13 +204,33 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
         assert_eq!(answer["error"]["code"], "validation_failed", "{body}: {answer}");
         assert_eq!(answer["error"]["field"], field, "{body}: {answer}");
     }
-    // A warehouse with a complete config: named, not done.
-    let bigquery = json!({"destination": "bigquery",
-        "config": {"projectId": "p", "datasetId": "d", "tableId": "t"}});
-    let (status, answer) =
-        post(&client, &cloud, &key, "/api/exports/destinations", &bigquery).await;
-    assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{answer}");
-    assert_eq!(answer["error"]["code"], "not_implemented");
+    // Warehouses: a way to authenticate, and plain table names.
+    let warehouses = [
+        (
+            json!({"destination": "bigquery",
+            "config": {"projectId": "p", "datasetId": "d", "tableId": "t"}}),
+            "config.accessToken",
+        ),
+        (
+            json!({"destination": "snowflake", "config": {"account": "xy1", "database": "d",
+            "schema": "s", "table": "t; DROP TABLE t", "token": "x"}}),
+            "config.table",
+        ),
+        (
+            json!({"destination": "redshift", "config": {"workgroup": "w", "database": "d",
+            "table": "t", "region": "eu-west-1", "accessKeyId": "AK"}}),
+            "config.secretAccessKey",
+        ),
+    ];
+    for (body, field) in warehouses {
+        let (status, answer) =
+            post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+        assert_eq!(
+            (status, &answer["error"]["field"]),
+            (StatusCode::BAD_REQUEST, &json!(field)),
+            "{answer}"
+        );
+    }
     // Without the `export` scope.
     let (status, created) =
         post(&client, &cloud, &key, "/api/keys", &json!({"name": "reader", "scopes": ["read"]}))
@@ -239,24 +259,46 @@ async fn bad_exports_are_refused_and_send_nothing(backend: Backend) {
 /// The signature botocore (AWS's own Python SDK) computes for the same
 /// S3 `PUT`: an implementation independent of ours.
 fn botocore_authorization(url: &str, region: &str, amz_date: &str, body: &[u8]) -> String {
+    botocore_signature("PUT", "s3", url, region, amz_date, "application/json", "", body)
+}
+
+/// botocore's signature of a request to `service`; `target` is its
+/// `X-Amz-Target` header, if not empty.
+#[allow(clippy::too_many_arguments)]
+fn botocore_signature(
+    method: &str,
+    service: &str,
+    url: &str,
+    region: &str,
+    amz_date: &str,
+    content_type: &str,
+    target: &str,
+    body: &[u8],
+) -> String {
     const SCRIPT: &str = r#"
 import hashlib, sys
-from botocore.auth import S3SigV4Auth
+from botocore.auth import S3SigV4Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-url, amz_date, region, key_id, secret = sys.argv[1:6]
+method, service, url, amz_date, region, content_type, target, key_id, secret = sys.argv[1:10]
 body = sys.stdin.buffer.read()
-request = AWSRequest(method="PUT", url=url, data=body, headers={
-    "Content-Type": "application/json", "X-Amz-Date": amz_date,
-    "X-Amz-Content-SHA256": hashlib.sha256(body).hexdigest()})
+headers = {"Content-Type": content_type, "X-Amz-Date": amz_date,
+    "X-Amz-Content-SHA256": hashlib.sha256(body).hexdigest()}
+if target:
+    headers["X-Amz-Target"] = target
+request = AWSRequest(method=method, url=url, data=body, headers=headers)
 request.context["timestamp"] = amz_date
-auth = S3SigV4Auth(Credentials(key_id, secret), "s3", region)
+signer = S3SigV4Auth if service == "s3" else SigV4Auth
+auth = signer(Credentials(key_id, secret), service, region)
 signature = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
 signed = auth.signed_headers(auth.headers_to_sign(request))
 print(f"AWS4-HMAC-SHA256 Credential={auth.scope(request)}, SignedHeaders={signed}, Signature={signature}")
 "#;
+    let args = [method, service, url, amz_date, region, content_type, target, S3_KEY_ID, S3_SECRET];
     let mut child = Command::new("python3")
-        .args(["-c", SCRIPT, url, amz_date, region, S3_KEY_ID, S3_SECRET])
+        .arg("-c")
+        .arg(SCRIPT)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -325,6 +367,178 @@ async fn object_store_puts_one_signed_object(kind: &str, region: Option<&str>) {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
     assert_eq!(failed["exportReceipt"]["responseStatus"], 403);
     assert_ne!(failed["exportReceipt"]["externalId"], object.as_str(), "no object claimed");
+}
+
+/// A cloud that trusts `endpoint` and may reach it on loopback.
+async fn cloud_for(endpoint: &https_endpoint::Endpoint) -> opgraph_tests::backends::BackendCloud {
+    Backend::Embedded
+        .start(&[
+            ("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string()),
+            ("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
+        ])
+        .await
+        .unwrap()
+}
+
+/// An RSA key pair made by openssl: the private key (PKCS#8 PEM, as
+/// Google's service-account keys and Snowflake's key pairs are) and the
+/// public key.
+fn rsa_pair() -> (String, String) {
+    let private = Command::new("openssl")
+        .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+        .output()
+        .expect("openssl");
+    assert!(private.status.success());
+    let mut child = Command::new("openssl")
+        .args(["pkey", "-pubout"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&private.stdout).unwrap();
+    let public = child.wait_with_output().unwrap();
+    (String::from_utf8(private.stdout).unwrap(), String::from_utf8(public.stdout).unwrap())
+}
+
+/// The JWT of `Authorization: Bearer`, checked against `public`.
+fn verified_jwt(
+    head: &str,
+    public: &str,
+    audience: Option<&str>,
+) -> jsonwebtoken::TokenData<Value> {
+    let token = header(head, "authorization").unwrap().strip_prefix("Bearer ").unwrap();
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
+    match audience {
+        Some(audience) => validation.set_audience(&[audience]),
+        None => validation.validate_aud = false,
+    }
+    let key = jsonwebtoken::DecodingKey::from_rsa_pem(public.as_bytes()).unwrap();
+    jsonwebtoken::decode::<Value>(token, &key, &validation).expect("a valid RS256 token")
+}
+
+fn base_of(endpoint: &https_endpoint::Endpoint) -> String {
+    endpoint.url.split("/v1/").next().unwrap().to_owned()
+}
+
+/// BigQuery's `insertAll` with a service account's key: one row per
+/// record, `(export_id, record)`, each with an insertId; a 200 that
+/// refuses rows is a failed export.
+#[tokio::test]
+async fn bigquery_destination_streams_rows_signed_by_a_service_account() {
+    let refused = r#"{"insertErrors": [{"index": 1, "errors": [{"reason": "invalid"}]}]}"#;
+    let endpoint = https_endpoint::start_answering(vec![(200, "{}"), (200, refused)]).await;
+    let cloud = cloud_for(&endpoint).await;
+    let (client, key) = (client(), cloud.key.clone());
+    let (private, public) = rsa_pair();
+    let email = "exporter@plant-7.iam.gserviceaccount.com";
+    let config = json!({"projectId": "plant-7", "datasetId": "ops", "tableId": "events",
+        "clientEmail": email, "privateKey": private, "privateKeyId": "k1", "endpoint": base_of(&endpoint)});
+    let records = json!([{"sku": "A-1"}, {"sku": "B-2", "qty": 3}]);
+    let body = json!({"destination": "bigquery", "config": config, "records": records});
+    let (status, pushed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{pushed}");
+    let id = pushed["exportReceipt"]["id"].as_str().unwrap().to_owned();
+    let (head, bytes) = endpoint.received.lock().unwrap()[0].clone();
+    let path = "/bigquery/v2/projects/plant-7/datasets/ops/tables/events/insertAll";
+    assert!(head.starts_with(&format!("POST {path} HTTP/1.1\r\n")), "{head}");
+    let token = verified_jwt(&head, &public, Some("https://bigquery.googleapis.com/"));
+    assert_eq!((&token.claims["iss"], &token.claims["sub"]), (&json!(email), &json!(email)));
+    assert_eq!(token.header.kid.as_deref(), Some("k1"));
+    let sent: Value = serde_json::from_slice(&bytes).unwrap();
+    let rows = sent["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["insertId"], format!("{id}:1"));
+    assert_eq!(rows[1]["json"]["export_id"], id.as_str());
+    let record: Value = serde_json::from_str(rows[1]["json"]["record"].as_str().unwrap()).unwrap();
+    assert_eq!(record, records[1]);
+
+    let (status, failed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
+    let error = failed["exportReceipt"]["error"].as_str().unwrap();
+    assert!(error.starts_with("BigQuery refused 1 rows"), "{error}");
+}
+
+/// Snowflake's SQL API with key-pair authentication: one INSERT with the
+/// records bound, a request id per export, the statement handle kept.
+#[tokio::test]
+async fn snowflake_destination_inserts_through_the_sql_api() {
+    let answer = r#"{"statementHandle": "01b2c3d4-0000-0001", "message": "Statement executed successfully."}"#;
+    let endpoint = https_endpoint::start_answering(vec![(200, answer)]).await;
+    let cloud = cloud_for(&endpoint).await;
+    let (client, key) = (client(), cloud.key.clone());
+    let (private, public) = rsa_pair();
+    let config = json!({"account": "xy12345.eu-central-1", "database": "OPS", "schema": "PUBLIC",
+        "table": "EVENTS", "warehouse": "LOAD_WH", "user": "exporter", "privateKey": private,
+        "publicKeyFingerprint": "SHA256:q1w2e3=", "endpoint": base_of(&endpoint)});
+    let records = json!([{"sku": "A-1', 'x'); DROP TABLE EVENTS; --"}]);
+    let body = json!({"destination": "snowflake", "config": config, "records": records});
+    let (status, pushed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{pushed}");
+    let receipt = &pushed["exportReceipt"];
+    assert_eq!(receipt["externalId"], "01b2c3d4-0000-0001");
+    let (head, bytes) = endpoint.received.lock().unwrap()[0].clone();
+    assert!(head.starts_with("POST /api/v2/statements?requestId="), "{head}");
+    assert_eq!(header(&head, "x-snowflake-authorization-token-type"), Some("KEYPAIR_JWT"));
+    let token = verified_jwt(&head, &public, None);
+    assert_eq!(token.claims["iss"], "XY12345.EXPORTER.SHA256:q1w2e3=");
+    assert_eq!(token.claims["sub"], "XY12345.EXPORTER");
+    let sent: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        sent["statement"],
+        "INSERT INTO OPS.PUBLIC.EVENTS (export_id, record) SELECT column1, PARSE_JSON(column2) FROM VALUES (?, ?)"
+    );
+    assert_eq!(sent["bindings"]["1"]["value"], receipt["id"]);
+    let record: Value =
+        serde_json::from_str(sent["bindings"]["2"]["value"].as_str().unwrap()).unwrap();
+    assert_eq!(record, records[0], "the record travels bound, not in the SQL");
+    assert_eq!(sent["warehouse"], "LOAD_WH");
+}
+
+/// The Redshift Data API: `ExecuteStatement` signed with SigV4 (checked
+/// against botocore), the records bound, the export id as client token.
+#[tokio::test]
+async fn redshift_destination_executes_a_signed_statement() {
+    let answer = r#"{"Id": "d9b6c0c9-0747-4bf4-b142-e8883df97e12", "Database": "dev"}"#;
+    let endpoint = https_endpoint::start_answering(vec![(200, answer)]).await;
+    let cloud = cloud_for(&endpoint).await;
+    let (client, key) = (client(), cloud.key.clone());
+    let base = base_of(&endpoint);
+    let config = json!({"workgroup": "analytics", "database": "dev", "table": "public.exports",
+        "region": "eu-west-1", "accessKeyId": S3_KEY_ID, "secretAccessKey": S3_SECRET, "endpoint": base});
+    let records = json!([{"sku": "A-1"}, {"sku": "B-2"}]);
+    let body = json!({"destination": "redshift", "config": config, "records": records});
+    let (status, pushed) = post(&client, &cloud, &key, "/api/exports/destinations", &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{pushed}");
+    let receipt = &pushed["exportReceipt"];
+    assert_eq!(receipt["externalId"], "d9b6c0c9-0747-4bf4-b142-e8883df97e12");
+    let (head, bytes) = endpoint.received.lock().unwrap()[0].clone();
+    assert!(head.starts_with("POST / HTTP/1.1\r\n"), "{head}");
+    let target = "RedshiftData.ExecuteStatement";
+    assert_eq!(header(&head, "x-amz-target"), Some(target));
+    let amz_date = header(&head, "x-amz-date").unwrap();
+    let content_type = "application/x-amz-json-1.1";
+    let url = format!("{base}/");
+    let expected = botocore_signature(
+        "POST",
+        "redshift-data",
+        &url,
+        "eu-west-1",
+        amz_date,
+        content_type,
+        target,
+        &bytes,
+    );
+    assert_eq!(header(&head, "authorization"), Some(expected.as_str()), "{head}");
+    let sent: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(sent["WorkgroupName"], "analytics");
+    assert_eq!(sent["ClientToken"], receipt["id"]);
+    assert_eq!(
+        sent["Sql"],
+        "INSERT INTO public.exports (export_id, record) VALUES (:export_id, JSON_PARSE(:r0)), (:export_id, JSON_PARSE(:r1))"
+    );
+    let second: Value =
+        serde_json::from_str(sent["Parameters"][2]["value"].as_str().unwrap()).unwrap();
+    assert_eq!((&sent["Parameters"][2]["name"], &second), (&json!("r1"), &records[1]));
 }
 
 both_backends!(

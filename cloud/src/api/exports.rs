@@ -4,11 +4,13 @@
 //! `docs/exports.md`.
 //!
 //! Every destination's configuration is checked, so a missing field is a
-//! 400 naming it whichever kind is asked for. Of the kinds the contract
-//! names, the custom HTTPS endpoint (a signed `POST`), S3 (a `PUT` of one
-//! object, signed with [`sigv4`], to AWS or any S3-compatible store) and
-//! GCS (the same, through its S3-compatible XML API) are implemented; the
-//! warehouses answer 501.
+//! 400 naming it whichever kind is asked for. The destinations: a custom
+//! HTTPS endpoint (a signed `POST`), S3 (a `PUT` of one object, signed
+//! with [`sigv4`], to AWS or any S3-compatible store), GCS (the same,
+//! through its S3-compatible XML API), and the warehouses BigQuery,
+//! Snowflake and Redshift, each through its own API ([`warehouses`]).
+
+mod warehouses;
 
 use std::collections::HashMap;
 
@@ -85,6 +87,7 @@ pub struct ExportReceiptList {
 enum Destination {
     Https(Endpoint),
     S3(Bucket),
+    Warehouse(warehouses::Warehouse),
 }
 
 /// The destination kinds of the contract and the config fields each needs
@@ -333,7 +336,6 @@ fn header(name: &str, value: &Value) -> Result<(HeaderName, HeaderValue)> {
         (status = 403, description = "The credential lacks the `export` scope", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 429, body = ErrorBody),
-        (status = 501, description = "A destination kind not implemented yet (only `https` is)", body = ErrorBody),
         (status = 502, description = "The destination failed; the export receipt records how", body = FailedExport),
     ),
     security(("bearer" = []))
@@ -349,11 +351,8 @@ pub async fn push(
     let destination = match (kind, input.config.as_object()) {
         ("https", Some(config)) => Destination::Https(endpoint(config)?),
         (kind @ ("s3" | "gcs"), Some(config)) => Destination::S3(bucket(config, kind)?),
-        _ => {
-            return Err(Error::NotImplemented(format!(
-                "the {kind} destination is not implemented yet; `https`, `s3` and `gcs` are"
-            )));
-        }
+        (kind, Some(config)) => Destination::Warehouse(warehouses::Warehouse::parse(kind, config)?),
+        (_, None) => return Err(Error::validation("config", "`config` must be a JSON object")),
     };
     let ws = &principal.workspace_id;
     let (source, records) = match (input.records, input.limit) {
@@ -378,19 +377,25 @@ pub async fn push(
     let id = crate::ids::new_id("exp");
     let now = crate::now_ms();
     let count = records.len();
-    let payload = serde_json::to_vec(&json!({
-        "exportId": id, "workspaceId": ws, "exportedAt": now,
-        "source": source, "recordCount": count, "records": records,
-    }))
-    .map_err(Error::internal)?;
-    let (setting, method, url, headers, object) = match destination {
+    let packet = || {
+        serde_json::to_vec(&json!({
+            "exportId": id, "workspaceId": ws, "exportedAt": now,
+            "source": source, "recordCount": count, "records": records,
+        }))
+        .map_err(Error::internal)
+    };
+    // A warehouse's 2xx answer is read further (its id, refused rows).
+    let mut warehouse_answer = None;
+    let (setting, method, url, headers, object, payload) = match destination {
         Destination::Https(endpoint) => {
+            let payload = packet()?;
             let mut headers = endpoint.headers;
             headers.extend(outbound::signature_headers(endpoint.secret.as_deref(), now, &payload)?);
             headers.push(outbound::header("idempotency-key", &id)?);
-            ("config.url", Method::POST, endpoint.url, headers, None)
+            ("config.url", Method::POST, endpoint.url, headers, None, payload)
         }
         Destination::S3(bucket) => {
+            let payload = packet()?;
             let key = format!("{}{id}.json", bucket.prefix);
             let url = bucket.url(&key);
             let parsed = url::Url::parse(&url).map_err(Error::internal)?;
@@ -407,7 +412,12 @@ pub async fn push(
                 .map(|(name, value)| outbound::header(name, value))
                 .collect::<Result<Vec<_>>>()?;
             let object = format!("{}://{}/{key}", bucket.scheme, bucket.name);
-            ("config.endpoint", Method::PUT, url, headers, Some(object))
+            ("config.endpoint", Method::PUT, url, headers, Some(object), payload)
+        }
+        Destination::Warehouse(warehouse) => {
+            let call = warehouse.call(&id, &records, now)?;
+            warehouse_answer = Some(warehouse);
+            (call.setting, Method::POST, call.url, call.headers, None, call.payload)
         }
     };
     let target = outbound::Target {
@@ -417,7 +427,17 @@ pub async fn push(
         timeout: state.config.exports.timeout,
         public_only: !state.config.exports.allow_private_networks,
     };
-    let mut receipt = deliver(id, target, method, payload, headers, count, None).await?;
+    let (mut receipt, answer) = deliver(id, target, method, payload, headers, count, None).await?;
+    if let Some(warehouse) = warehouse_answer
+        && receipt.status == "succeeded"
+    {
+        let (external_id, refused) = warehouse.read_answer(&answer);
+        receipt.external_id = external_id;
+        if let Some(refused) = refused {
+            receipt.status = "failed".to_owned();
+            receipt.error = Some(refused);
+        }
+    }
     if receipt.status == "succeeded" && object.is_some() {
         // S3 answers with an empty body: the object is what it keeps.
         receipt.external_id = object;
@@ -464,8 +484,8 @@ fn supplied(records: Vec<Value>) -> Result<Vec<Value>> {
 }
 
 /// Sends `payload` and describes what happened, success or failure, as
-/// export receipt `id`; shared by destination exports and proof-trail
-/// pushes.
+/// export receipt `id`, with the answer's body (empty when none came);
+/// shared by destination exports and proof-trail pushes.
 pub(super) async fn deliver(
     id: String,
     target: outbound::Target<'_>,
@@ -474,7 +494,7 @@ pub(super) async fn deliver(
     mut headers: Vec<(HeaderName, HeaderValue)>,
     record_count: usize,
     proof_trail_id: Option<String>,
-) -> Result<ExportReceipt> {
+) -> Result<(ExportReceipt, Bytes)> {
     let request_id = crate::ids::new_id("req");
     headers.push(outbound::header("x-opgraph-request-id", &request_id)?);
     let mut receipt = ExportReceipt {
@@ -490,6 +510,7 @@ pub(super) async fn deliver(
         created_at: crate::now_ms(),
         proof_trail_id,
     };
+    let mut answer = Bytes::new();
     match outbound::send(target, method, Bytes::from(payload), &headers).await {
         Ok(Answer { status, body }) => {
             receipt.response_status = Some(status);
@@ -500,13 +521,14 @@ pub(super) async fn deliver(
                 let text: String = String::from_utf8_lossy(&body).chars().take(200).collect();
                 receipt.error = Some(format!("HTTP {status}: {text}"));
             }
+            answer = body;
         }
         Err(error) => {
             tracing::warn!(%error, export = %receipt.id, destination = %receipt.destination, "export failed");
             receipt.error = Some(error);
         }
     }
-    Ok(receipt)
+    Ok((receipt, answer))
 }
 
 /// Export receipts, newest first.

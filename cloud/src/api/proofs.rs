@@ -285,6 +285,7 @@ async fn push(state: &AppState, ws: &str, trail: &ProofTrail) -> Result<ExportRe
         Some(trail.id.clone()),
     )
     .await
+    .map(|(receipt, _)| receipt)
 }
 
 /// List proof trails, newest first (without their items).

@@ -1,7 +1,5 @@
-//! `QueryStore` on ClickHouse, each call handed to the module that does it.
-//! A call the backend did not offer would answer `Error::NotImplemented`
-//! (HTTP 501), never an empty result that a client could take for "no
-//! data"; `docs/storage.md` lists what is done.
+//! `QueryStore` on ClickHouse, each call handed to the module that does it;
+//! `docs/storage.md` lists what is done.
 
 use async_trait::async_trait;
 
