@@ -8,7 +8,7 @@
 //! HTTPS endpoint (a signed `POST`), S3 (a `PUT` of one object, signed
 //! with [`sigv4`], to AWS or any S3-compatible store), GCS (the same,
 //! through its S3-compatible XML API), and the warehouses BigQuery,
-//! Snowflake and Redshift, each through its own API ([`warehouses`]).
+//! Snowflake and Redshift, each through its own API (`exports/warehouses.rs`).
 
 mod warehouses;
 
