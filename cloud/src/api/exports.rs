@@ -264,25 +264,9 @@ fn bucket(config: &Map<String, Value>, kind: &str) -> Result<Bucket> {
             "a prefix is at most 512 bytes, without a leading `/`",
         ));
     }
-    let endpoint = match text("endpoint") {
+    let endpoint = match endpoint_base(config)? {
         None if gcs => Some(GCS_ENDPOINT.to_owned()),
-        None => None,
-        Some(raw) => match url::Url::parse(raw) {
-            Ok(u)
-                if u.scheme() == "https"
-                    && u.host().is_some()
-                    && u.path() == "/"
-                    && u.query().is_none() =>
-            {
-                Some(raw.trim_end_matches('/').to_owned())
-            }
-            _ => {
-                return Err(Error::validation(
-                    "config.endpoint",
-                    "`config.endpoint` must be https://host[:port] (an S3-compatible store)",
-                ));
-            }
-        },
+        given => given,
     };
     // Sent in headers: anything a header cannot carry is the caller's error.
     let header_text = |name: &str| -> Result<Option<String>> {
@@ -300,6 +284,29 @@ fn bucket(config: &Map<String, Value>, kind: &str) -> Result<Bucket> {
     };
     let scheme = if gcs { "gs" } else { "s3" };
     Ok(Bucket { scheme, name: name.to_owned(), prefix: prefix.to_owned(), endpoint, credentials })
+}
+
+/// `config.endpoint` when given: an `https://host[:port]` base that
+/// replaces the service's own address (an S3-compatible store, a proxy, a
+/// test server).
+fn endpoint_base(config: &Map<String, Value>) -> Result<Option<String>> {
+    let Some(raw) = config.get("endpoint").and_then(Value::as_str).map(str::trim) else {
+        return Ok(None);
+    };
+    match url::Url::parse(raw) {
+        Ok(u)
+            if u.scheme() == "https"
+                && u.host().is_some()
+                && u.path() == "/"
+                && u.query().is_none() =>
+        {
+            Ok(Some(raw.trim_end_matches('/').to_owned()))
+        }
+        _ => Err(Error::validation(
+            "config.endpoint",
+            "`config.endpoint` must be https://host[:port]",
+        )),
+    }
 }
 
 /// One extra header; those the request itself sets are refused.

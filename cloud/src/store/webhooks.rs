@@ -102,3 +102,15 @@ pub trait WebhookStore: Send + Sync {
         limit: usize,
     ) -> Result<Vec<WebhookAttempt>>;
 }
+
+/// A webhook for the stores' own tests, its secret `s3cret-to-forget`.
+#[cfg(test)]
+pub(crate) fn test_webhook(id: &str) -> Webhook {
+    Webhook {
+        id: id.to_owned(),
+        url: format!("https://hooks.example/{id}"),
+        events: vec!["enforcement.decided".into()],
+        secret: "s3cret-to-forget".into(),
+        created_at: 1,
+    }
+}

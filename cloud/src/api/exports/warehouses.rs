@@ -90,23 +90,9 @@ fn required<'a>(config: &'a Map<String, Value>, name: &str) -> Result<&'a str> {
     })
 }
 
-/// `endpoint`, else `default`: an `https://host[:port]` base.
+/// `endpoint`, else `default`.
 fn endpoint(config: &Map<String, Value>, default: String) -> Result<String> {
-    let Some(raw) = text(config, "endpoint") else { return Ok(default) };
-    match url::Url::parse(raw) {
-        Ok(u)
-            if u.scheme() == "https"
-                && u.host().is_some()
-                && u.path() == "/"
-                && u.query().is_none() =>
-        {
-            Ok(raw.trim_end_matches('/').to_owned())
-        }
-        _ => Err(Error::validation(
-            "config.endpoint",
-            "`config.endpoint` must be https://host[:port]",
-        )),
-    }
+    Ok(super::endpoint_base(config)?.unwrap_or(default))
 }
 
 /// A plain SQL identifier (`a-z A-Z 0-9 _ $`, not starting with a digit),

@@ -241,13 +241,7 @@ mod tests {
     #[tokio::test]
     async fn a_deleted_webhook_keeps_no_secret() {
         let (store, _server) = crate::store::clickhouse::tests::open().await;
-        let hook = Webhook {
-            id: "whk_a".into(),
-            url: "https://hooks.example/a".into(),
-            events: vec!["enforcement.decided".into()],
-            secret: "s3cret-to-forget".into(),
-            created_at: 1,
-        };
+        let hook = crate::store::webhooks::test_webhook("whk_a");
         store.insert_webhook("ws", &hook).await.unwrap();
         assert!(store.delete_webhook("ws", "whk_a", 2).await.unwrap());
         let bodies: Vec<String> =

@@ -193,13 +193,7 @@ mod tests {
     #[tokio::test]
     async fn a_deleted_webhook_keeps_no_secret() {
         let (store, _dir) = crate::store::embedded::temp_store();
-        let hook = Webhook {
-            id: "whk_a".into(),
-            url: "https://hooks.example/a".into(),
-            events: vec!["enforcement.decided".into()],
-            secret: "s3cret-to-forget".into(),
-            created_at: 1,
-        };
+        let hook = crate::store::webhooks::test_webhook("whk_a");
         store.insert_webhook("ws", &hook).await.unwrap();
         assert!(store.delete_webhook("ws", "whk_a", 2).await.unwrap());
         let body = store
@@ -212,6 +206,6 @@ mod tests {
             .await
             .unwrap();
         assert!(!body.contains("s3cret"), "{body}");
-        assert!(body.contains("hooks.example/a"), "the rest stays: {body}");
+        assert!(body.contains("hooks.example/whk_a"), "the rest stays: {body}");
     }
 }
