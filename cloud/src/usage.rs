@@ -136,6 +136,10 @@ impl Usage {
     /// Adds events just stored to the cached month count, so that this
     /// process's next quota check sees them without a store read.
     pub fn count_stored(&self, workspace_id: &str, stored: usize) {
+        // Without a quota nothing reads the count: no lock on the hot path.
+        if self.quota.monthly_event_quota == 0 || stored == 0 {
+            return;
+        }
         if let Ok(mut m) = self.month_counts.lock()
             && let Some((_, used)) = m.get_mut(workspace_id)
         {
