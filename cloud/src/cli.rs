@@ -124,6 +124,46 @@ enum Command {
         #[arg(long)]
         limit: Option<u64>,
     },
+    /// Event counts and revenue over a range, per event name.
+    Metrics {
+        /// Only this event.
+        #[arg(long)]
+        event: Option<String>,
+        /// Range start, ms since the epoch (default 30 days before `--to`).
+        #[arg(long)]
+        from: Option<i64>,
+        /// Range end, ms since the epoch (default now).
+        #[arg(long)]
+        to: Option<i64>,
+        /// `hour` or `day`: add a series.
+        #[arg(long)]
+        interval: Option<String>,
+        /// Keep the values as snapshots.
+        #[arg(long)]
+        persist_snapshots: bool,
+        #[arg(long)]
+        limit: Option<u64>,
+    },
+    /// Register a trackable (QR code, barcode, RFID tag, sensor, ...).
+    CreateTrackable {
+        /// qr_code, barcode, rfid_tag, sensor, robot, ai_agent, mcp_server, cli_workflow.
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        name: String,
+        /// Where a QR scan leads (required for qr_code).
+        #[arg(long)]
+        target_url: Option<String>,
+        /// Event recorded when it is used.
+        #[arg(long)]
+        event_name: Option<String>,
+        /// An external identifier to register (an EPC, a GTIN).
+        #[arg(long)]
+        code: Option<String>,
+        /// Include the QR code as SVG.
+        #[arg(long)]
+        qr_svg: bool,
+    },
     /// A GraphQL query.
     Graphql {
         query: String,
@@ -262,6 +302,16 @@ async fn run(client: &ApiClient, command: Command) -> Result<(), Failure> {
         Command::Context { mode, business_id, limit } => {
             let args = json!({"mode": mode, "businessId": business_id, "limit": limit});
             tool(client, "agent_context", args).await?
+        }
+        Command::Metrics { event, from, to, interval, persist_snapshots, limit } => {
+            let args = json!({"eventName": event, "from": from, "to": to, "interval": interval,
+                "persistSnapshots": persist_snapshots.then_some(true), "limit": limit});
+            tool(client, "query_metrics", args).await?
+        }
+        Command::CreateTrackable { kind, name, target_url, event_name, code, qr_svg } => {
+            let args = json!({"kind": kind, "name": name, "targetUrl": target_url,
+                "eventName": event_name, "code": code, "includeQrSvg": qr_svg.then_some(true)});
+            tool(client, "create_trackable", args).await?
         }
         Command::Graphql { query, variables } => {
             let mut args = json!({"query": query});

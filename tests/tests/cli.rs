@@ -72,8 +72,25 @@ async fn commands_call_the_api_and_fail_with_the_reason() {
     let graph = opgraph(&cloud, &key, &["graphql", "{ events(limit: 5) { id event } }"]).await;
     assert_eq!(graph.json()["data"]["events"], json!([{"id": id, "event": "pallet.scanned"}]));
 
+    let metrics =
+        opgraph(&cloud, &key, &["metrics", "--event", "pallet.scanned", "--limit", "5"]).await;
+    assert_eq!(metrics.code, Some(0), "{}", metrics.stderr);
+    let counted = metrics.json().to_string();
+    assert!(counted.contains("pallet.scanned"), "{counted}");
+    let args =
+        ["create-trackable", "--kind", "rfid_tag", "--name", "Pallet 7", "--code", "3034F87"];
+    let trackable = opgraph(&cloud, &key, &args).await;
+    assert_eq!(trackable.json()["trackable"]["code"], "3034F87", "{}", trackable.stderr);
+    let used =
+        opgraph(&cloud, &key, &["track", "3034F87", "--event", "tag.read", "--prop", "antenna=2"])
+            .await;
+    assert_eq!(used.code, Some(0), "{}", used.stderr);
+    let read = opgraph(&cloud, &key, &["events", "--event", "tag.read"]).await.json();
+    assert_eq!(read["events"][0]["trackable"]["code"], "3034F87", "{read}");
+    assert_eq!(read["events"][0]["properties"]["antenna"], 2);
+
     let usage = opgraph(&cloud, &key, &["api", "get", "/api/usage"]).await;
-    assert_eq!(usage.json()["events"]["ingested"], 1, "{}", usage.stderr);
+    assert_eq!(usage.json()["events"]["ingested"], 2, "{}", usage.stderr);
     let health = opgraph(&cloud, &key, &["health", "--strict"]).await;
     assert_eq!((health.code, &health.json()["status"]), (Some(0), &json!("ok")));
 

@@ -107,6 +107,23 @@ pub const TOOLS: &[Tool] = &[
         required: &["mode"],
     },
     Tool {
+        name: "query_metrics",
+        description: "Event counts and revenue over a range (default the last 30 days), per \
+            event name, optionally as an hourly or daily series, with the workspace's metric \
+            definitions evaluated.",
+        method: "POST",
+        path: "/api/metrics/query",
+        input: Input::Body,
+        properties: || {
+            json!({"eventName": text("Only this event"), "from": millis("Range start"),
+                "to": millis("Range end"), "interval": {"type": "string", "enum": ["hour", "day"]},
+                "businessId": text("Business id"),
+                "persistSnapshots": {"type": "boolean", "description": "Keep the values as snapshots"},
+                "limit": limit()})
+        },
+        required: &[],
+    },
+    Tool {
         name: "whats_changed",
         description: "Period-over-period diff (default: the last 7 days against the 7 before): \
             totals, revenue, event diffs, new and disappeared event types.",
@@ -167,6 +184,24 @@ pub const TOOLS: &[Tool] = &[
                 "properties": {"type": "object"}, "actor": {}})
         },
         required: &["code"],
+    },
+    Tool {
+        name: "create_trackable",
+        description: "Register a trackable (a QR code, barcode, RFID tag, sensor, robot, AI \
+            agent, MCP server or CLI workflow) and get its code and scan URL; a QR code needs \
+            `targetUrl`.",
+        method: "POST",
+        path: "/api/trackables",
+        input: Input::Body,
+        properties: || {
+            json!({"kind": {"type": "string", "enum": ["qr_code", "barcode", "rfid_tag", "sensor",
+                    "robot", "ai_agent", "mcp_server", "cli_workflow"]},
+                "name": text("What it is"), "targetUrl": text("Where a QR scan leads"),
+                "eventName": text("Event recorded when it is used"),
+                "code": text("An external identifier (an EPC, a GTIN) to register"),
+                "includeQrSvg": {"type": "boolean", "description": "Return the QR code as SVG"}})
+        },
+        required: &["kind", "name"],
     },
     Tool {
         name: "usage",
