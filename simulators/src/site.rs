@@ -385,7 +385,8 @@ fn banner(args: &SiteArgs, key: &str) {
          gateway:   http://{gw}/health and /metrics\n\
          devices:   3 RFID readers, 4 robots -> MQTT {mqtt}; barcode scanner -> {dir}/scanner;\n\
          \x20          temperature sensor (firmware protocol) -> {dir}/sensor; PLC -> Modbus {modbus}\n\n\
-         try:       curl -s 'http://{http}/api/events?limit=5' -H 'Authorization: Bearer {key}'\n\n\
+         try:       curl -s 'http://{http}/api/events?limit=5' -H 'Authorization: Bearer {key}'\n\
+         \x20          or: OPGRAPH_URL=http://{http} OPGRAPH_API_KEY={key} cargo run -q --bin opgraph -- events --limit 5\n\n\
          Ctrl-C stops everything.\n",
         dir = args.dir.display(),
         http = args.http,
