@@ -371,13 +371,7 @@ async fn object_store_puts_one_signed_object(kind: &str, region: Option<&str>) {
 
 /// A cloud that trusts `endpoint` and may reach it on loopback.
 async fn cloud_for(endpoint: &https_endpoint::Endpoint) -> opgraph_tests::backends::BackendCloud {
-    Backend::Embedded
-        .start(&[
-            ("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string()),
-            ("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
-        ])
-        .await
-        .unwrap()
+    cloud_for_backend(Backend::Embedded, endpoint).await
 }
 
 /// An RSA key pair made by openssl: the private key (PKCS#8 PEM, as
@@ -541,7 +535,63 @@ async fn redshift_destination_executes_a_signed_statement() {
     assert_eq!((&sent["Parameters"][2]["name"], &second), (&json!("r1"), &records[1]));
 }
 
+/// With an `Idempotency-Key`, every try pushes under one export id (by
+/// which the destination drops a repeat), and a try after a success answers
+/// the first receipt again without pushing.
+async fn a_keyed_export_is_pushed_under_one_id(backend: Backend) {
+    let endpoint = https_endpoint::start(vec![500, 200]).await;
+    let cloud = cloud_for_backend(backend, &endpoint).await;
+    let (client, key) = (client(), cloud.key.clone());
+    let body = json!({"destination": "https", "config": {"url": endpoint.url},
+        "records": [{"sku": "A-1"}]});
+    let send = |idempotency: &'static str| {
+        client
+            .post(cloud.at("/api/exports/destinations"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", idempotency)
+            .json(&body)
+            .send()
+    };
+    let first = send("nightly-2026-11-27").await.unwrap();
+    assert_eq!(first.status(), StatusCode::BAD_GATEWAY);
+    let failed: Value = first.json().await.unwrap();
+    let id = failed["exportReceipt"]["id"].as_str().unwrap().to_owned();
+    let second = send("nightly-2026-11-27").await.unwrap();
+    assert_eq!(second.status(), StatusCode::CREATED);
+    let done: Value = second.json().await.unwrap();
+    assert_eq!(done["exportReceipt"]["id"], id.as_str(), "{done}");
+    let third = send("nightly-2026-11-27").await.unwrap();
+    assert_eq!(third.status(), StatusCode::CREATED);
+    assert_eq!(third.json::<Value>().await.unwrap(), done, "the first success, again");
+    let received = endpoint.received.lock().unwrap().clone();
+    assert_eq!(received.len(), 2, "the third try pushed nothing");
+    for (head, _) in &received {
+        assert_eq!(header(head, "idempotency-key"), Some(id.as_str()), "{head}");
+    }
+    let (_, list) = get(&client, &cloud, &key, "/api/exports/receipts").await;
+    let receipts = list["exportReceipts"].as_array().unwrap();
+    assert_eq!(receipts.len(), 1, "one receipt per export, the latest: {list}");
+    assert_eq!(receipts[0]["status"], "succeeded");
+    // Another key: another export.
+    let other = send("nightly-2026-11-28").await.unwrap().json::<Value>().await.unwrap();
+    assert_ne!(other["exportReceipt"]["id"], id.as_str());
+}
+
+async fn cloud_for_backend(
+    backend: Backend,
+    endpoint: &https_endpoint::Endpoint,
+) -> opgraph_tests::backends::BackendCloud {
+    backend
+        .start(&[
+            ("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string()),
+            ("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
+        ])
+        .await
+        .unwrap()
+}
+
 both_backends!(
+    a_keyed_export_is_pushed_under_one_id,
     https_destination_pushes_and_records_receipts,
     bad_exports_are_refused_and_send_nothing
 );

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use hyper::Method;
@@ -32,8 +32,8 @@ use crate::error::{Error, ErrorDetail, Result};
 use crate::governance::hash::sha256_hex;
 use crate::outbound::{self, Answer};
 use crate::sigv4;
-use crate::store::EventFilter;
 use crate::store::governance::ExportReceipt;
+use crate::store::{EventFilter, IDEMPOTENCY_WINDOW_MS};
 use crate::webhooks::EXPORT_FAILED;
 
 type ErrorBody = crate::error::ErrorBody;
@@ -336,6 +336,7 @@ fn header(name: &str, value: &Value) -> Result<(HeaderName, HeaderValue)> {
 #[utoipa::path(
     post, path = "/api/exports/destinations", tag = "exports",
     request_body = DestinationExport,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h push under the same export id, and answer a success again without pushing")),
     responses(
         (status = 201, description = "Pushed; the export receipt", body = ExportAnswer),
         (status = 400, description = "Unknown destination, a config field missing or invalid (named in `field`), a bad `limit` or `records`", body = ErrorBody),
@@ -350,9 +351,11 @@ fn header(name: &str, value: &Value) -> Result<(HeaderName, HeaderValue)> {
 pub async fn push(
     State(state): State<AppState>,
     principal: Principal,
+    headers: HeaderMap,
     JsonBody(body): JsonBody,
 ) -> Result<Response> {
     principal.require(Scope::Export)?;
+    let idempotency_key = super::ingest::idempotency_key(&headers)?;
     let input: DestinationExport = parse_body(body)?;
     let kind = check_config(input.destination.trim(), &input.config)?;
     let destination = match (kind, input.config.as_object()) {
@@ -381,8 +384,23 @@ pub async fn push(
         }
     };
 
-    let id = crate::ids::new_id("exp");
     let now = crate::now_ms();
+    let id = match &idempotency_key {
+        // The same id on every try: each destination drops a repeat by it
+        // (Idempotency-Key, insertId, ClientToken, requestId, object key).
+        Some(key) => format!("exp_{}", &sha256_hex(format!("{ws}\n{key}").as_bytes())[..26]),
+        None => crate::ids::new_id("exp"),
+    };
+    if idempotency_key.is_some()
+        && let Some(done) = state.store.get_export_receipt(ws, &id).await?
+        && done.status == "succeeded"
+        && now - done.created_at < IDEMPOTENCY_WINDOW_MS
+    {
+        // Done already: the first answer, and nothing sent again.
+        return Ok(
+            (StatusCode::CREATED, Json(ExportAnswer { export_receipt: done })).into_response()
+        );
+    }
     let count = records.len();
     let packet = || {
         serde_json::to_vec(&json!({

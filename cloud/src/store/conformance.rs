@@ -1254,6 +1254,17 @@ pub async fn governance(store: &dyn Store) {
         export("exp_a", Some("prf_a"))
     );
     assert!(store.list_export_receipts(OTHER_WS, None, 10).await.unwrap().is_empty());
+    // A keyed export tried again: its new receipt replaces the first, and
+    // the list goes by time, not by id.
+    let again =
+        ExportReceipt { status: "succeeded".into(), created_at: T + 5, ..export("exp_a", None) };
+    store.insert_export_receipt(WS, &again).await.unwrap();
+    assert_eq!(store.get_export_receipt(WS, "exp_a").await.unwrap(), Some(again.clone()));
+    assert_eq!(store.get_export_receipt(OTHER_WS, "exp_a").await.unwrap(), None);
+    assert_eq!(store.get_export_receipt(WS, "exp_none").await.unwrap(), None);
+    let listed = store.list_export_receipts(WS, None, 10).await.unwrap();
+    assert_eq!(exports(listed.clone()), ["exp_a", "exp_c", "exp_b"]);
+    assert_eq!(listed[0], again);
 }
 
 /// Webhooks: listed oldest first without the deleted ones, deleted once,

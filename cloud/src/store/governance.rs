@@ -415,7 +415,10 @@ pub trait GovernanceStore: Send + Sync {
     async fn get_proof_trail(&self, ws: &str, id: &str) -> Result<Option<ProofTrail>>;
     async fn list_proof_trails(&self, ws: &str, limit: usize) -> Result<Vec<ProofTrailSummary>>;
 
+    /// Stores a receipt; one with the same id (a keyed export tried
+    /// again) is replaced by it.
     async fn insert_export_receipt(&self, ws: &str, receipt: &ExportReceipt) -> Result<()>;
+    async fn get_export_receipt(&self, ws: &str, id: &str) -> Result<Option<ExportReceipt>>;
     /// Newest first; only those of one proof trail when given.
     async fn list_export_receipts(
         &self,

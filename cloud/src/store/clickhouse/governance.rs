@@ -636,6 +636,21 @@ impl GovernanceStore for ClickHouseStore {
         self.insert_rows::<ExportRow<'_>>("export_receipts", &[row]).await
     }
 
+    async fn get_export_receipt(&self, ws: &str, id: &str) -> Result<Option<ExportReceipt>> {
+        let bodies: Vec<String> = run(self
+            .client
+            .query(
+                "SELECT body FROM export_receipts WHERE workspace_id = ? AND id = ?
+                 ORDER BY created_at DESC LIMIT 1",
+            )
+            .bind(ws)
+            .bind(id)
+            .sent()
+            .fetch_all())
+        .await?;
+        bodies.first().map(|body| from_json(body)).transpose()
+    }
+
     async fn list_export_receipts(
         &self,
         ws: &str,
@@ -646,7 +661,9 @@ impl GovernanceStore for ClickHouseStore {
         if proof_trail_id.is_some() {
             sql.push_str(" AND proof_trail_id = ?");
         }
-        sql.push_str(" ORDER BY id DESC LIMIT 1 BY id LIMIT ?");
+        // The newest row of each id: a keyed export tried again writes
+        // its receipt anew under the same id.
+        sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT 1 BY id LIMIT ?");
         let mut query = self.client.query(&sql).bind(ws);
         if let Some(trail) = proof_trail_id {
             query = query.bind(trail);

@@ -512,7 +512,7 @@ impl GovernanceStore for EmbeddedStore {
         let (ws, r, body) = (ws.to_owned(), receipt.clone(), to_json(receipt)?);
         self.write(move |conn| {
             conn.prepare_cached(
-                "INSERT INTO export_receipts
+                "INSERT OR REPLACE INTO export_receipts
                     (workspace_id, id, proof_trail_id, status, created_at, body)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )
@@ -521,6 +521,20 @@ impl GovernanceStore for EmbeddedStore {
             })
             .map_err(sql)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn get_export_receipt(&self, ws: &str, id: &str) -> Result<Option<ExportReceipt>> {
+        let (ws, id) = (ws.to_owned(), id.to_owned());
+        self.read(move |conn| {
+            let body: Option<String> = conn
+                .prepare_cached(
+                    "SELECT body FROM export_receipts WHERE workspace_id = ?1 AND id = ?2",
+                )
+                .and_then(|mut s| s.query_row(params![ws, id], |r| r.get(0)).optional())
+                .map_err(sql)?;
+            body.map(|body| from_json(&body)).transpose()
         })
         .await
     }
@@ -537,7 +551,7 @@ impl GovernanceStore for EmbeddedStore {
                 .prepare_cached(
                     "SELECT body FROM export_receipts
                      WHERE workspace_id = ?1 AND (?2 IS NULL OR proof_trail_id = ?2)
-                     ORDER BY id DESC LIMIT ?3",
+                     ORDER BY created_at DESC, id DESC LIMIT ?3",
                 )
                 .map_err(sql)?;
             let rows = stmt

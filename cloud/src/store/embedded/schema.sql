@@ -280,6 +280,9 @@ CREATE TABLE IF NOT EXISTS export_receipts (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS export_receipts_trail
     ON export_receipts (workspace_id, proof_trail_id) WHERE proof_trail_id IS NOT NULL;
+-- Listed newest first: a keyed export's id is not time-ordered.
+CREATE INDEX IF NOT EXISTS export_receipts_created
+    ON export_receipts (workspace_id, created_at);
 
 -- Webhooks (docs/webhooks.md): a deleted one keeps its row, marked, so
 -- its delivery log stays explained. Ids are time-ordered: the key lists
