@@ -55,8 +55,8 @@ fi
 
 # From PyPI: chdb embeds current ClickHouse in Python (a test runs every
 # statement the ClickHouse store sent to Debian's 18.16 on it too);
-# botocore is AWS's own request signer, which the S3 export's signature is
-# checked against.
+# botocore is AWS's own request signer, which the S3 and Redshift exports'
+# signatures are checked against.
 if ! python3 -c 'import chdb, botocore' >/dev/null 2>&1; then
   echo "installing test dependencies: chdb, botocore (PyPI)"
   sudo=""

@@ -328,13 +328,7 @@ async fn gcs_destination_puts_one_signed_object() {
 
 async fn object_store_puts_one_signed_object(kind: &str, region: Option<&str>) {
     let endpoint = https_endpoint::start(vec![200, 403]).await;
-    let cloud = Backend::Embedded
-        .start(&[
-            ("OPGRAPH_EXPORT_CA_FILE", endpoint.ca_file.display().to_string()),
-            ("OPGRAPH_EXPORT_ALLOW_PRIVATE_NETWORKS", "true".to_owned()),
-        ])
-        .await
-        .unwrap();
+    let cloud = cloud_for(Backend::Embedded, &endpoint).await;
     let (client, key) = (client(), cloud.key.clone());
     let base = endpoint.url.split("/v1/").next().unwrap().to_owned();
     let mut config = json!({"bucket": "opgraph-exports", "prefix": "site a/",
@@ -367,11 +361,6 @@ async fn object_store_puts_one_signed_object(kind: &str, region: Option<&str>) {
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{failed}");
     assert_eq!(failed["exportReceipt"]["responseStatus"], 403);
     assert_ne!(failed["exportReceipt"]["externalId"], object.as_str(), "no object claimed");
-}
-
-/// A cloud that trusts `endpoint` and may reach it on loopback.
-async fn cloud_for(endpoint: &https_endpoint::Endpoint) -> opgraph_tests::backends::BackendCloud {
-    cloud_for_backend(Backend::Embedded, endpoint).await
 }
 
 /// An RSA key pair made by openssl: the private key (PKCS#8 PEM, as
@@ -421,7 +410,7 @@ fn base_of(endpoint: &https_endpoint::Endpoint) -> String {
 async fn bigquery_destination_streams_rows_signed_by_a_service_account() {
     let refused = r#"{"insertErrors": [{"index": 1, "errors": [{"reason": "invalid"}]}]}"#;
     let endpoint = https_endpoint::start_answering(vec![(200, "{}"), (200, refused)]).await;
-    let cloud = cloud_for(&endpoint).await;
+    let cloud = cloud_for(Backend::Embedded, &endpoint).await;
     let (client, key) = (client(), cloud.key.clone());
     let (private, public) = rsa_pair();
     let email = "exporter@plant-7.iam.gserviceaccount.com";
@@ -458,7 +447,7 @@ async fn bigquery_destination_streams_rows_signed_by_a_service_account() {
 async fn snowflake_destination_inserts_through_the_sql_api() {
     let answer = r#"{"statementHandle": "01b2c3d4-0000-0001", "message": "Statement executed successfully."}"#;
     let endpoint = https_endpoint::start_answering(vec![(200, answer)]).await;
-    let cloud = cloud_for(&endpoint).await;
+    let cloud = cloud_for(Backend::Embedded, &endpoint).await;
     let (client, key) = (client(), cloud.key.clone());
     let (private, public) = rsa_pair();
     let config = json!({"account": "xy12345.eu-central-1", "database": "OPS", "schema": "PUBLIC",
@@ -494,7 +483,7 @@ async fn snowflake_destination_inserts_through_the_sql_api() {
 async fn redshift_destination_executes_a_signed_statement() {
     let answer = r#"{"Id": "d9b6c0c9-0747-4bf4-b142-e8883df97e12", "Database": "dev"}"#;
     let endpoint = https_endpoint::start_answering(vec![(200, answer)]).await;
-    let cloud = cloud_for(&endpoint).await;
+    let cloud = cloud_for(Backend::Embedded, &endpoint).await;
     let (client, key) = (client(), cloud.key.clone());
     let base = base_of(&endpoint);
     let config = json!({"workgroup": "analytics", "database": "dev", "table": "public.exports",
@@ -540,7 +529,7 @@ async fn redshift_destination_executes_a_signed_statement() {
 /// the first receipt again without pushing.
 async fn a_keyed_export_is_pushed_under_one_id(backend: Backend) {
     let endpoint = https_endpoint::start(vec![500, 200]).await;
-    let cloud = cloud_for_backend(backend, &endpoint).await;
+    let cloud = cloud_for(backend, &endpoint).await;
     let (client, key) = (client(), cloud.key.clone());
     let body = json!({"destination": "https", "config": {"url": endpoint.url},
         "records": [{"sku": "A-1"}]});
@@ -577,7 +566,8 @@ async fn a_keyed_export_is_pushed_under_one_id(backend: Backend) {
     assert_ne!(other["exportReceipt"]["id"], id.as_str());
 }
 
-async fn cloud_for_backend(
+/// A cloud that trusts `endpoint` and may reach it on loopback.
+async fn cloud_for(
     backend: Backend,
     endpoint: &https_endpoint::Endpoint,
 ) -> opgraph_tests::backends::BackendCloud {

@@ -365,6 +365,24 @@ pub async fn push(
         (_, None) => return Err(Error::validation("config", "`config` must be a JSON object")),
     };
     let ws = &principal.workspace_id;
+    let now = crate::now_ms();
+    let id = match &idempotency_key {
+        // The same id on every try: each destination drops a repeat by it
+        // (Idempotency-Key, insertId, ClientToken, requestId, object key).
+        Some(key) => format!("exp_{}", &sha256_hex(format!("{ws}\n{key}").as_bytes())[..26]),
+        None => crate::ids::new_id("exp"),
+    };
+    if idempotency_key.is_some()
+        && let Some(done) = state.store.get_export_receipt(ws, &id).await?
+        && done.status == "succeeded"
+        && now - done.created_at < IDEMPOTENCY_WINDOW_MS
+    {
+        // Done already: the first answer, before any event is read, and
+        // nothing sent again.
+        return Ok(
+            (StatusCode::CREATED, Json(ExportAnswer { export_receipt: done })).into_response()
+        );
+    }
     let (source, records) = match (input.records, input.limit) {
         (Some(_), Some(_)) => {
             return Err(Error::validation("limit", "give `limit` or `records`, not both"));
@@ -384,23 +402,6 @@ pub async fn push(
         }
     };
 
-    let now = crate::now_ms();
-    let id = match &idempotency_key {
-        // The same id on every try: each destination drops a repeat by it
-        // (Idempotency-Key, insertId, ClientToken, requestId, object key).
-        Some(key) => format!("exp_{}", &sha256_hex(format!("{ws}\n{key}").as_bytes())[..26]),
-        None => crate::ids::new_id("exp"),
-    };
-    if idempotency_key.is_some()
-        && let Some(done) = state.store.get_export_receipt(ws, &id).await?
-        && done.status == "succeeded"
-        && now - done.created_at < IDEMPOTENCY_WINDOW_MS
-    {
-        // Done already: the first answer, and nothing sent again.
-        return Ok(
-            (StatusCode::CREATED, Json(ExportAnswer { export_receipt: done })).into_response()
-        );
-    }
     let count = records.len();
     let packet = || {
         serde_json::to_vec(&json!({
@@ -442,7 +443,7 @@ pub async fn push(
         Destination::Warehouse(warehouse) => {
             let call = warehouse.call(&id, &records, now)?;
             warehouse_answer = Some(warehouse);
-            (call.setting, Method::POST, call.url, call.headers, None, call.payload)
+            ("config.endpoint", Method::POST, call.url, call.headers, None, call.payload)
         }
     };
     let target = outbound::Target {

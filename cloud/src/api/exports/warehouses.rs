@@ -73,8 +73,6 @@ pub(super) struct Redshift {
 
 /// One call, ready for [`outbound::send`].
 pub(super) struct Call {
-    /// The config field the URL came from, for error sentences.
-    pub setting: &'static str,
     pub url: String,
     pub headers: Vec<(HeaderName, HeaderValue)>,
     pub payload: Vec<u8>,
@@ -251,7 +249,6 @@ impl BigQuery {
             }
         };
         Ok(Call {
-            setting: "config.endpoint",
             url,
             headers: vec![header("authorization", &format!("Bearer {token}"))?],
             payload: serde_json::to_vec(&body).map_err(Error::internal)?,
@@ -370,7 +367,6 @@ impl Snowflake {
         // The same request id on a retry of this export: Snowflake runs a
         // statement once per request id.
         Ok(Call {
-            setting: "config.endpoint",
             url: format!("{}/api/v2/statements?requestId={}", self.endpoint, uuid_of(id)),
             headers: vec![
                 header("authorization", &format!("Bearer {token}"))?,
@@ -480,7 +476,7 @@ impl Redshift {
             .iter()
             .map(|(name, value)| header(name, value))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Call { setting: "config.endpoint", url, headers, payload })
+        Ok(Call { url, headers, payload })
     }
 }
 
