@@ -17,10 +17,11 @@ pub mod trackables;
 pub mod webhooks;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::auth::Scope;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use connectors::ConnectorStore;
 use gateway::GatewayStore;
 use governance::GovernanceStore;
@@ -47,7 +48,7 @@ pub struct AppendRequest {
     pub events: Vec<NewEvent>,
     /// `Idempotency-Key`: a retry within [`IDEMPOTENCY_WINDOW_MS`] returns the
     /// first answer and stores nothing.
-    pub idempotency_key: Option<String>,
+    pub idempotency_key: Option<IdempotencyKey>,
     /// The most events this call may add (what is left of the monthly
     /// quota); more refuses the whole call with `quota_exceeded`. Replays
     /// add nothing, so a retry is answered however little is left.
@@ -55,6 +56,63 @@ pub struct AppendRequest {
 }
 
 pub const IDEMPOTENCY_WINDOW_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// An `Idempotency-Key` and the request it came with. A key names one
+/// call: the same key with another body is refused as a conflict, not
+/// answered as a replay, which would drop the new events without a word.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    pub key: String,
+    /// SHA-256 of the request body's canonical JSON, so that a retry that
+    /// orders its keys differently is still the same request.
+    pub request_hash: String,
+}
+
+impl IdempotencyKey {
+    pub fn new(key: String, body: &Value) -> IdempotencyKey {
+        IdempotencyKey { key, request_hash: crate::governance::hash::canonical_hash(body) }
+    }
+
+    /// What the store keeps under the key: the first answer's ids and the
+    /// request they answered.
+    pub fn kept(&self, ids: &[String]) -> Result<String> {
+        serde_json::to_string(&Kept { ids: ids.to_vec(), request: Some(self.request_hash.clone()) })
+            .map_err(Error::internal)
+    }
+
+    /// The first answer's ids from what [`Self::kept`] stored, or a
+    /// conflict when it answered another request. Rows kept before the
+    /// request was (a bare list of ids) are answered as replays.
+    pub fn replay(&self, kept: &str) -> Result<Vec<String>> {
+        let kept: Kept = match serde_json::from_str::<Vec<String>>(kept) {
+            Ok(ids) => Kept { ids, request: None },
+            Err(_) => serde_json::from_str(kept).map_err(Error::internal)?,
+        };
+        match kept.request {
+            Some(request) if request != self.request_hash => Err(Error::Conflict(format!(
+                "Idempotency-Key {:?} was used within 24 h for another request; a key names one \
+                 call, so send new events under a new key",
+                self.key
+            ))),
+            _ => Ok(kept.ids),
+        }
+    }
+}
+
+/// Tests name a key alone: the request is then an empty body.
+#[cfg(any(test, feature = "conformance"))]
+impl From<&str> for IdempotencyKey {
+    fn from(key: &str) -> IdempotencyKey {
+        IdempotencyKey::new(key.to_owned(), &Value::Null)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Kept {
+    ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    request: Option<String>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppendResult {

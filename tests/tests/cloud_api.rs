@@ -264,6 +264,36 @@ async fn idempotency_key_and_message_id_store_once() {
     assert_eq!(first["ids"], again["ids"]);
     let other: Value = post("pay-2").await.unwrap().json().await.unwrap();
     assert_ne!(first["ids"], other["ids"]);
+    // A retry may order its keys otherwise: still the same request.
+    let reordered = client
+        .post(cloud.at("/api/ingest"))
+        .bearer_auth(&cloud.key)
+        .header("Idempotency-Key", "pay-3")
+        .header("content-type", "application/json");
+    let a = reordered
+        .try_clone()
+        .unwrap()
+        .body(r#"{"event":"refund.issued","properties":{"a":1,"b":2}}"#);
+    let b = reordered.body(r#"{ "properties": {"b": 2, "a": 1}, "event": "refund.issued" }"#);
+    let a: Value = a.send().await.unwrap().json().await.unwrap();
+    let b: Value = b.send().await.unwrap().json().await.unwrap();
+    assert_eq!(a["ids"], b["ids"], "{a} {b}");
+    // A key names one call: another body under it is refused, not dropped.
+    let reused = json!({"batch": [{"event": "payment.succeeded"}, {"event": "payment.refunded"}]});
+    let response = client
+        .post(cloud.at("/api/ingest"))
+        .bearer_auth(&cloud.key)
+        .header("Idempotency-Key", "pay-1")
+        .json(&reused)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(error_code(&body), "conflict");
+    assert!(body["error"]["message"].as_str().unwrap().contains("pay-1"), "{body}");
+    let (_, refunds) = get(&client, &cloud, &cloud.key, "/api/events?event=payment.refunded").await;
+    assert_eq!(refunds["events"].as_array().unwrap().len(), 0, "nothing of it stored");
 
     let with_message = json!({"batch": [
         {"event": "scan", "messageId": "m-1"},
@@ -318,6 +348,17 @@ async fn credentials_scopes_revocation_and_workspaces() {
     assert_eq!(status, StatusCode::OK);
     let (status, _) = get(&client, &cloud, &reader, "/api/keys").await;
     assert_eq!(status, StatusCode::FORBIDDEN);
+    // Nor redefine the workspace's metrics, which every reader then sees.
+    let definition = client
+        .post(cloud.at("/api/metric-definitions"))
+        .bearer_auth(&reader)
+        .json(&json!({"name": "Orders", "eventName": "order.created", "aggregation": "count"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(definition.status(), StatusCode::FORBIDDEN);
+    let (status, _) = get(&client, &cloud, &reader, "/api/metric-definitions").await;
+    assert_eq!(status, StatusCode::OK);
 
     // Listing never shows secrets.
     let (status, keys) = get(&client, &cloud, &cloud.key, "/api/keys").await;
@@ -589,7 +630,7 @@ async fn monthly_quota_refuses_new_events_and_still_answers_replays() {
     // Retries of what was stored are answered as the first time.
     let (status, body) = send(&client, &cloud, &cloud.key, &event("m-2")).await;
     assert_eq!((status, &body["ids"][0]), (StatusCode::ACCEPTED, &ids[1]), "{body}");
-    let replay = keyed(&json!({"event": "anything.else"})).await.unwrap();
+    let replay = keyed(&batch).await.unwrap();
     assert_eq!(replay.status(), StatusCode::ACCEPTED);
     assert_eq!(replay.json::<Value>().await.unwrap()["ids"], ids);
 

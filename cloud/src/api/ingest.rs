@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
-use crate::store::{AppendRequest, AppendResult, NewEvent};
+use crate::store::{AppendRequest, AppendResult, IdempotencyKey, NewEvent};
 
 /// Most envelopes in one batch.
 pub const MAX_BATCH: usize = opgraph_proto::envelope::MAX_BATCH;
@@ -31,11 +31,12 @@ pub struct IngestResponse {
     path = "/api/ingest",
     tag = "ingest",
     request_body(content = crate::api::openapi::IngestBody, description = "An event envelope, or `{\"batch\": [envelope, ...]}` (at most 1000)"),
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h return the first answer")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h return the first answer; another body under the same key is a 409")),
     responses(
         (status = 202, description = "Stored durably", body = IngestResponse),
         (status = 400, description = "Invalid JSON or envelope; `field` names the path, e.g. `batch[3].event`", body = crate::error::ErrorBody),
         (status = 401, body = crate::error::ErrorBody), (status = 403, body = crate::error::ErrorBody),
+        (status = 409, description = "The Idempotency-Key was used for another request", body = crate::error::ErrorBody),
         (status = 413, body = crate::error::ErrorBody), (status = 415, body = crate::error::ErrorBody),
         (status = 429, body = crate::error::ErrorBody), (status = 503, body = crate::error::ErrorBody),
     ),
@@ -62,7 +63,7 @@ async fn accept(
     headers: &HeaderMap,
     body: Value,
 ) -> Result<IngestResponse> {
-    let idempotency_key = idempotency_key(headers)?;
+    let idempotency_key = idempotency_key(headers)?.map(|key| IdempotencyKey::new(key, &body));
     let now = crate::now_ms();
     let events = parse_body(body, now)?;
     let accepted = events.len();
@@ -78,7 +79,7 @@ pub async fn record(
     state: &AppState,
     workspace_id: &str,
     events: Vec<Event>,
-    idempotency_key: Option<String>,
+    idempotency_key: Option<IdempotencyKey>,
     received_at: i64,
     source: &str,
 ) -> Result<AppendResult> {

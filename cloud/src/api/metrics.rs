@@ -282,7 +282,10 @@ pub async fn create_definition(
     principal: Principal,
     JsonBody(body): JsonBody,
 ) -> Result<(StatusCode, Json<MetricDefinitionBody>)> {
-    principal.require(Scope::Read)?;
+    // A definition changes what every metrics query of the workspace
+    // answers, as a tracking plan changes what agents record: both need
+    // `govern`, so that a dashboard's read-only key cannot redefine them.
+    principal.require(Scope::Govern)?;
     let input: CreateMetricDefinition = parse_body(body)?;
     let property = optional_text("property", input.property.as_deref(), 64)?;
     if let Some(p) = &property

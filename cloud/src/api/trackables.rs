@@ -18,6 +18,7 @@ use super::{AppState, JsonBody, PathId, optional_str};
 use crate::auth::{Principal, Scope};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::store::IdempotencyKey;
 use crate::store::trackables::{CreateTrackable, Trackable, TrackableUsage};
 use crate::trackables::{self as codes, TrackableKind};
 
@@ -347,12 +348,13 @@ pub async fn get(
     path = "/api/track",
     tag = "trackables",
     request_body = TrackBody,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h return the first answer")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h return the first answer; another body under the same key is a 409")),
     responses(
         (status = 202, description = "Stored durably", body = IngestResponse),
         (status = 400, description = "`field` names the offending input", body = crate::error::ErrorBody),
         (status = 401, body = crate::error::ErrorBody), (status = 403, body = crate::error::ErrorBody),
         (status = 404, description = "No trackable with this code in the workspace", body = crate::error::ErrorBody),
+        (status = 409, description = "The Idempotency-Key was used for another request", body = crate::error::ErrorBody),
         (status = 413, body = crate::error::ErrorBody), (status = 415, body = crate::error::ErrorBody),
         (status = 429, body = crate::error::ErrorBody), (status = 503, body = crate::error::ErrorBody),
     ),
@@ -371,7 +373,7 @@ pub async fn track(
     let code = optional_str(&body, "code")?
         .ok_or_else(|| Error::validation("code", "`code` is required"))?;
     bounded("code", code, codes::MAX_EXTERNAL_CODE_LEN)?;
-    let key = idempotency_key(&headers)?;
+    let key = idempotency_key(&headers)?.map(|key| IdempotencyKey::new(key, &body));
     let trackable = state
         .store
         .trackable_by_code(&principal.workspace_id, code)

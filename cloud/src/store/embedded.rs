@@ -352,7 +352,7 @@ pub fn append_in_transaction(
     conn: &Connection,
     workspace_id: &str,
     rows: PreparedEvents,
-    idempotency_key: Option<&str>,
+    idempotency_key: Option<&super::IdempotencyKey>,
 ) -> Result<AppendResult> {
     in_transaction(conn, |conn| {
         let appended = events::append(conn, workspace_id, rows.0, idempotency_key, None)?;
@@ -961,7 +961,7 @@ impl Store for EmbeddedStore {
         let (key, limit) = (request.idempotency_key, request.new_event_limit);
         let hints = self.search.hints();
         self.write(move |conn| {
-            let appended = events::append(conn, &ws, rows.0, key.as_deref(), Some(&hints))?;
+            let appended = events::append(conn, &ws, rows.0, key.as_ref(), Some(&hints))?;
             // An error rolls the job back: nothing of it stays.
             if limit.is_some_and(|left| appended.inserted as u64 > left) {
                 return Err(crate::usage::quota_exceeded());
@@ -1944,7 +1944,7 @@ mod idempotency_keys {
 
     fn keyed(key: &str) -> AppendRequest {
         let events = vec![test_event("label.printed")];
-        AppendRequest { events, idempotency_key: Some(key.to_owned()), new_event_limit: None }
+        AppendRequest { events, idempotency_key: Some(key.into()), new_event_limit: None }
     }
 
     #[tokio::test]

@@ -480,23 +480,26 @@ pub(super) async fn append(
                  WHERE workspace_id = ? AND key = ? GROUP BY workspace_id, key",
             )
             .bind(ws)
-            .bind(key.as_str())
+            .bind(key.key.as_str())
             .sent()
             .fetch_all())
         .await?;
         if let Some(first) = stored.into_iter().next()
             && now - first.created_at < IDEMPOTENCY_WINDOW_MS
         {
-            let ids: Vec<String> =
-                serde_json::from_str(&first.response).map_err(Error::internal)?;
-            return Ok(AppendResult { ids, inserted: 0 });
+            return Ok(AppendResult { ids: key.replay(&first.response)?, inserted: 0 });
         }
     }
     let rows = request.events.into_iter().map(|e| to_row(ws, e)).collect();
     let (ids, inserted) = store_rows(store, ws, rows, request.new_event_limit).await?;
     if let Some(key) = &request.idempotency_key {
-        let response = serde_json::to_string(&ids).map_err(Error::internal)?;
-        let row = IdempotencyRow { workspace_id: ws, key, response: &response, created_at: now };
+        let response = key.kept(&ids)?;
+        let row = IdempotencyRow {
+            workspace_id: ws,
+            key: &key.key,
+            response: &response,
+            created_at: now,
+        };
         store.insert_rows::<IdempotencyRow<'_>>("idempotency_keys", &[row]).await?;
         purge_expired_keys(store, now);
     }

@@ -15,7 +15,9 @@ use super::search::{Hint, Hints};
 use super::sql;
 use crate::error::{Error, Result};
 use crate::store::columns::{number_at, search_text_of, text_at};
-use crate::store::{AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent};
+use crate::store::{
+    AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, IdempotencyKey, NewEvent, StoredEvent,
+};
 
 pub(super) const DAY_MS: i64 = 86_400_000;
 pub(super) const HOUR_MS: i64 = 3_600_000;
@@ -132,7 +134,7 @@ pub(super) fn append(
     conn: &Connection,
     ws: &str,
     rows: Vec<Row>,
-    idempotency_key: Option<&str>,
+    idempotency_key: Option<&IdempotencyKey>,
     hints: Option<&Hints>,
 ) -> Result<AppendResult> {
     let now = crate::now_ms();
@@ -141,7 +143,7 @@ pub(super) fn append(
             .query_row(
                 "SELECT response, created_at FROM idempotency_keys
                  WHERE workspace_id = ?1 AND key = ?2",
-                params![ws, key],
+                params![ws, key.key],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
@@ -149,8 +151,7 @@ pub(super) fn append(
         if let Some((response, created_at)) = stored
             && now - created_at < IDEMPOTENCY_WINDOW_MS
         {
-            let ids: Vec<String> = serde_json::from_str(&response).map_err(Error::internal)?;
-            return Ok(AppendResult { ids, inserted: 0 });
+            return Ok(AppendResult { ids: key.replay(&response)?, inserted: 0 });
         }
     }
 
@@ -269,13 +270,13 @@ pub(super) fn append(
         .map_err(sql)?;
     }
     if let Some(key) = idempotency_key {
-        let response = serde_json::to_string(&ids).map_err(Error::internal)?;
+        let response = key.kept(&ids)?;
         conn.execute(
             "INSERT INTO idempotency_keys (workspace_id, key, response, created_at)
              VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT DO UPDATE SET response = excluded.response,
                 created_at = excluded.created_at",
-            params![ws, key, response, now],
+            params![ws, key.key, response, now],
         )
         .map_err(sql)?;
     }
