@@ -266,6 +266,15 @@ pub struct WebhooksConfig {
     /// everything. Env `OPGRAPH_WEBHOOK_LOG_RETENTION`.
     #[serde(with = "humantime_serde")]
     pub log_retention: Duration,
+    /// How long past its next attempt's due time a delivery stays with the
+    /// cloud process that holds it. Several processes on one ClickHouse
+    /// leave each other's deliveries alone; one whose holder stopped or
+    /// died is taken over once this has passed (checked every half of it,
+    /// at most every minute). Must exceed `exports.timeout`, the longest an
+    /// attempt takes. Default `2min`; at most `1h`. Env
+    /// `OPGRAPH_WEBHOOK_LEASE`.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
 }
 
 impl Default for WebhooksConfig {
@@ -275,6 +284,7 @@ impl Default for WebhooksConfig {
             retry_base: Duration::from_secs(30),
             anomaly_interval: Duration::from_secs(300),
             log_retention: Duration::from_secs(30 * 24 * 3600),
+            lease: Duration::from_secs(120),
         }
     }
 }
@@ -428,6 +438,9 @@ impl Config {
         }
         if let Some(v) = env("OPGRAPH_WEBHOOK_LOG_RETENTION") {
             self.webhooks.log_retention = duration("OPGRAPH_WEBHOOK_LOG_RETENTION", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_WEBHOOK_LEASE") {
+            self.webhooks.lease = duration("OPGRAPH_WEBHOOK_LEASE", v)?;
         }
         if let Some(v) = env("OPGRAPH_WEBHOOK_RETRY_BASE") {
             self.webhooks.retry_base = duration("OPGRAPH_WEBHOOK_RETRY_BASE", v)?;
@@ -592,6 +605,14 @@ impl Config {
         {
             return Err(problem("webhooks.retry_base", "must be between 1ms and 1h"));
         }
+        if self.webhooks.lease <= self.exports.timeout
+            || self.webhooks.lease > Duration::from_secs(3600)
+        {
+            return Err(problem(
+                "webhooks.lease",
+                "must be longer than exports.timeout (an attempt's limit) and at most 1h",
+            ));
+        }
         if self.webhooks.anomaly_interval > Duration::from_secs(3600) {
             return Err(problem("webhooks.anomaly_interval", "must be at most 1h (0s: off)"));
         }
@@ -725,6 +746,8 @@ mod tests {
             ("[webhooks]\nretry_base = \"2h\"\n", "webhooks.retry_base"),
             ("[webhooks]\nretry_base = \"0s\"\n", "webhooks.retry_base"),
             ("[webhooks]\nanomaly_interval = \"2h\"\n", "webhooks.anomaly_interval"),
+            ("[webhooks]\nlease = \"30s\"\n", "webhooks.lease"),
+            ("[webhooks]\nlease = \"2h\"\n", "webhooks.lease"),
         ] {
             let err = Config::parse(text).and_then(|c| c.validate()).unwrap_err();
             assert_eq!(err.key, key, "{text}");

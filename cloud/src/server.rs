@@ -53,7 +53,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let flusher = tokio::spawn(flush_usage(state.clone(), shutdown.clone()));
     let watcher = tokio::spawn(Arc::clone(&state.webhooks).watch_anomalies(shutdown.clone()));
     let pruner = tokio::spawn(Arc::clone(&state.webhooks).prune_log(shutdown.clone()));
-    tokio::spawn(Arc::clone(&state.webhooks).resume());
+    let resumer = tokio::spawn(Arc::clone(&state.webhooks).resume(shutdown.clone()));
     let app = api::routes().into_router(state.clone());
     let stop = shutdown.clone();
     // With the peer address: the scan redirect hashes it (api::scan).
@@ -74,8 +74,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let _ = flusher.await;
     watcher.abort();
     pruner.abort();
+    resumer.abort();
     let pending = state.webhooks.outstanding();
     if pending > 0 {
+        state.webhooks.release().await;
         tracing::info!(pending, "webhook deliveries pending; the next start carries on with them");
     }
     state.usage.flush(state.store.as_ref()).await;

@@ -20,10 +20,19 @@
 //! attempts leaves it to the next start ([`Webhooks::resume`]), which
 //! sends the same bytes under the same delivery id.
 //!
+//! Several processes may share one ClickHouse. Each delivery is held by
+//! the process carrying it on, until `webhooks.lease` past its next due
+//! time; the others leave it alone until then, and take it over only
+//! after (a process that stopped or died no longer renews it). ClickHouse
+//! has no compare-and-set, so a takeover writes its claim and reads it
+//! back, and a holder checks before each retry that the delivery is still
+//! its own; two processes that claim in the same instant may both send,
+//! which deliveries being at least once already allows.
+//!
 //! The delivery log is kept for `webhooks.log_retention` (30 days by
 //! default); [`Webhooks::prune_log`] deletes what is older.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -82,6 +91,12 @@ pub struct Webhooks {
     cache: Mutex<HashMap<String, (Instant, Hooks)>>,
     outstanding: AtomicUsize,
     sending: Semaphore,
+    /// This process among those sharing the store: the owner written in
+    /// the deliveries it holds.
+    instance: String,
+    /// Deliveries this process is carrying on, so that a resume pass never
+    /// starts a second copy of one.
+    in_flight: Mutex<HashSet<String>>,
 }
 
 impl Webhooks {
@@ -93,6 +108,8 @@ impl Webhooks {
             cache: Mutex::new(HashMap::new()),
             outstanding: AtomicUsize::new(0),
             sending: Semaphore::new(MAX_SENDING),
+            instance: crate::ids::new_id("proc"),
+            in_flight: Mutex::new(HashSet::new()),
         })
     }
 
@@ -187,13 +204,10 @@ impl Webhooks {
                 payload: payload.to_string(),
                 attempts: 0,
                 due_at: now,
+                owner: String::new(),
+                held_until: 0,
             };
-            let (this, ws, hook) = (Arc::clone(self), ws.to_owned(), hook.clone());
-            tokio::spawn(async move {
-                this.save(&ws, &pending).await;
-                this.deliver(&ws, &hook, kind, pending).await;
-                this.outstanding.fetch_sub(1, Ordering::Relaxed);
-            });
+            self.start_delivery(ws, hook, kind, pending, true);
         }
     }
 
@@ -208,22 +222,75 @@ impl Webhooks {
         true
     }
 
-    /// Carries on with the deliveries an earlier process left unfinished
-    /// (stopped, or killed between attempts), each at its due time.
-    pub async fn resume(self: Arc<Self>) {
+    /// Sends `pending` in the background (saving it first when new), as
+    /// one of the deliveries this process carries on.
+    fn start_delivery(
+        self: &Arc<Self>,
+        ws: &str,
+        hook: &Webhook,
+        kind: &'static str,
+        mut pending: PendingDelivery,
+        new: bool,
+    ) {
+        if let Ok(mut in_flight) = self.in_flight.lock() {
+            in_flight.insert(pending.delivery_id.clone());
+        }
+        let (this, ws, hook) = (Arc::clone(self), ws.to_owned(), hook.clone());
+        tokio::spawn(async move {
+            if new {
+                this.save(&ws, &mut pending).await;
+            }
+            let id = pending.delivery_id.clone();
+            this.deliver(&ws, &hook, kind, pending).await;
+            if let Ok(mut in_flight) = this.in_flight.lock() {
+                in_flight.remove(&id);
+            }
+            this.outstanding.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// Carries on with the deliveries nobody is carrying on: those an
+    /// earlier process left (stopped, or killed between attempts) and, on
+    /// a store shared by several processes, those whose holder's lease ran
+    /// out. At start, then every half lease (at most every minute) until
+    /// `shutdown`, so that a process that died is taken over while the
+    /// others run.
+    pub async fn resume(self: Arc<Self>, shutdown: CancellationToken) {
+        let every = (self.config.webhooks.lease / 2)
+            .clamp(Duration::from_millis(100), Duration::from_secs(60));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            self.resume_once().await;
+        }
+    }
+
+    async fn resume_once(self: &Arc<Self>) {
         let pending = match self.store.pending_deliveries(MAX_OUTSTANDING).await {
             Ok(pending) => pending,
             Err(error) => {
-                tracing::warn!(%error, "pending webhook deliveries not read; the next start tries again");
+                tracing::warn!(%error, "pending webhook deliveries not read; the next pass tries again");
                 return;
             }
         };
+        let shared = self.store.shared_between_processes();
         let mut resumed = 0usize;
         for (ws, pending) in pending {
+            if self.in_flight.lock().map_or(true, |f| f.contains(&pending.delivery_id)) {
+                continue;
+            }
+            if shared && pending.owner != self.instance && pending.held_until > crate::now_ms() {
+                self.count("held_elsewhere");
+                continue;
+            }
             let hook = match self.webhooks_of(&ws).await {
                 Ok(hooks) => hooks.iter().find(|h| h.id == pending.webhook_id).cloned(),
                 Err(error) => {
-                    tracing::warn!(%error, workspace = %ws, "webhooks not read; delivery left for the next start");
+                    tracing::warn!(%error, workspace = %ws, "webhooks not read; delivery left for the next pass");
                     continue;
                 }
             };
@@ -233,18 +300,76 @@ impl Webhooks {
                 self.finish(&ws, &pending.delivery_id).await;
                 continue;
             };
+            let Some(pending) = self.claim(&ws, pending, shared).await else { continue };
             if !self.reserve() {
                 break;
             }
             resumed += 1;
-            let this = Arc::clone(&self);
-            tokio::spawn(async move {
-                this.deliver(&ws, &hook, kind, pending).await;
-                this.outstanding.fetch_sub(1, Ordering::Relaxed);
-            });
+            self.count("resumed");
+            self.start_delivery(&ws, &hook, kind, pending, false);
         }
         if resumed > 0 {
             tracing::info!(resumed, "webhook deliveries resumed");
+        }
+    }
+
+    /// Makes `pending` this process's: on a shared store, writes the claim
+    /// and reads it back, `None` when another process claimed it after.
+    async fn claim(
+        &self,
+        ws: &str,
+        mut pending: PendingDelivery,
+        shared: bool,
+    ) -> Option<PendingDelivery> {
+        if !shared {
+            return Some(pending);
+        }
+        self.save(ws, &mut pending).await;
+        match self.store.pending_delivery(ws, &pending.delivery_id).await {
+            Ok(Some(read)) if read.owner == self.instance => Some(pending),
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(%error, delivery = %pending.delivery_id, "claim not read back; left for the next pass");
+                None
+            }
+        }
+    }
+
+    /// At a clean stop, on a shared store: hands the deliveries this
+    /// process holds back, so that another process (or the next start)
+    /// carries them on at their due time instead of a lease later.
+    pub async fn release(&self) {
+        if !self.store.shared_between_processes() {
+            return;
+        }
+        let held = match self.store.pending_deliveries(MAX_OUTSTANDING).await {
+            Ok(pending) => pending.into_iter().filter(|(_, p)| p.owner == self.instance),
+            Err(error) => {
+                tracing::warn!(%error, "webhook deliveries not handed back; others take them over a lease after their due time");
+                return;
+            }
+        };
+        for (ws, mut pending) in held {
+            pending.held_until = 0;
+            if let Err(error) = self.store.save_pending_delivery(&ws, &pending).await {
+                tracing::warn!(%error, delivery = %pending.delivery_id, "webhook delivery not handed back");
+            }
+        }
+    }
+
+    /// Whether `id` is still this process's to send, asked before a retry
+    /// on a shared store: another process takes a delivery over when this
+    /// one let its lease run out (it was paused, or cut off from the
+    /// store), or finishes it. A store that cannot say is no reason to
+    /// stop.
+    async fn still_held(&self, ws: &str, id: &str) -> bool {
+        if !self.store.shared_between_processes() {
+            return true;
+        }
+        match self.store.pending_delivery(ws, id).await {
+            Ok(Some(read)) => read.owner == self.instance,
+            Ok(None) => false,
+            Err(_) => true,
         }
     }
 
@@ -263,10 +388,15 @@ impl Webhooks {
         let id = pending.delivery_id.clone();
         let max_attempts = self.config.webhooks.max_attempts;
         let due_in = pending.due_at.saturating_sub(crate::now_ms());
-        if due_in > 0 {
+        let mut waited = due_in > 0;
+        if waited {
             tokio::time::sleep(Duration::from_millis(due_in.unsigned_abs())).await;
         }
         for attempt in pending.attempts.saturating_add(1)..=max_attempts {
+            if waited && !self.still_held(ws, &id).await {
+                tracing::info!(delivery = %id, "webhook delivery taken over by another process");
+                return;
+            }
             // Deleted meanwhile: stop. A store that cannot say is no
             // reason to give up.
             if attempt > 1
@@ -306,14 +436,19 @@ impl Webhooks {
             };
             pending.attempts = attempt;
             pending.due_at = due_at;
-            self.save(ws, &pending).await;
+            self.save(ws, &mut pending).await;
             tokio::time::sleep(wait).await;
+            waited = true;
         }
         self.finish(ws, &id).await;
     }
 
-    /// Keeps `pending` for a restart; a store that fails costs only that.
-    async fn save(&self, ws: &str, pending: &PendingDelivery) {
+    /// Keeps `pending` for a restart, held by this process until a lease
+    /// past its due time; a store that fails costs only that.
+    async fn save(&self, ws: &str, pending: &mut PendingDelivery) {
+        let lease = i64::try_from(self.config.webhooks.lease.as_millis()).unwrap_or(i64::MAX);
+        pending.owner.clone_from(&self.instance);
+        pending.held_until = pending.due_at.max(crate::now_ms()).saturating_add(lease);
         if let Err(error) = self.store.save_pending_delivery(ws, pending).await {
             tracing::warn!(%error, delivery = %pending.delivery_id, "pending webhook delivery not saved; a restart would drop it");
         }

@@ -102,6 +102,17 @@ impl BackendStore {
         Ok(BackendCloud { cloud, store: self })
     }
 
+    /// Starts another cloud on the same ClickHouse database, beside the
+    /// one already running (the embedded store's directory belongs to one
+    /// process), with the same environment and `extra_env`.
+    pub async fn start_beside(&self, extra_env: &[(&str, String)]) -> Result<Cloud> {
+        anyhow::ensure!(self.clickhouse.is_some(), "only clouds on ClickHouse share a store");
+        let mut env: Vec<(&str, String)> =
+            self.env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        env.extend(extra_env.iter().cloned());
+        Cloud::start(&env).await
+    }
+
     /// The cloud's data directory (the embedded store's `opgraph.db`).
     pub fn data_dir(&self) -> &Path {
         self.dir.path()

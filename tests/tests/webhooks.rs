@@ -311,8 +311,12 @@ async fn anomalies_are_delivered_once_each(backend: Backend) {
 
 async fn a_delivery_left_by_a_killed_cloud_is_resumed(backend: Backend) {
     let endpoint = https_endpoint::start(vec![503, 200]).await;
-    // A second a retry: time enough to kill the cloud in between.
-    let slow = [("OPGRAPH_WEBHOOK_RETRY_BASE", "1s".to_owned())];
+    // A second a retry: time enough to kill the cloud in between. On
+    // ClickHouse the killed process holds the delivery a lease past that.
+    let slow = [
+        ("OPGRAPH_WEBHOOK_RETRY_BASE", "1s".to_owned()),
+        ("OPGRAPH_WEBHOOK_LEASE", "6s".to_owned()),
+    ];
     let cloud = start_with(backend, &endpoint, &slow).await;
     let (client, key) = (client(), cloud.key.clone());
     let (id, decided) = subscribe_and_enforce(&client, &cloud, &key, &endpoint).await;
@@ -336,6 +340,72 @@ async fn a_delivery_left_by_a_killed_cloud_is_resumed(backend: Backend) {
     .await;
     assert_eq!(done["deliveryId"], delivery);
     assert_eq!(done["subject"], decided["receiptId"]);
+}
+
+/// What `/metrics` counts for `outcome` of webhook deliveries.
+async fn deliveries_counted(client: &Client, cloud: &Cloud, outcome: &str) -> u64 {
+    let response = client.get(cloud.at("/metrics")).bearer_auth(TEST_BOOTSTRAP_KEY).send().await;
+    let text = response.unwrap().text().await.unwrap();
+    let line = format!("opgraph_webhook_deliveries_total{{outcome=\"{outcome}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Two clouds on one ClickHouse: the one that did not start a delivery
+/// leaves it to the one that holds it, and takes it over once that one
+/// died and its lease ran out, with the same delivery id and bytes.
+#[tokio::test]
+async fn clouds_sharing_clickhouse_send_each_delivery_from_one_of_them() {
+    // Each enforcement: a failed first attempt, then a retry that succeeds.
+    let endpoint = https_endpoint::start(vec![503, 200, 503, 200]).await;
+    let lease = [
+        ("OPGRAPH_WEBHOOK_RETRY_BASE", "5s".to_owned()),
+        ("OPGRAPH_WEBHOOK_LEASE", "6s".to_owned()),
+    ];
+    let a = start_with(Backend::ClickHouse, &endpoint, &lease).await;
+    let (client, key) = (client(), a.key.clone());
+    let (id, _) = subscribe_and_enforce(&client, &a, &key, &endpoint).await;
+    endpoint.wait_for(1, WITHIN).await;
+    // B starts while A waits to retry; its first pass finds A's delivery.
+    let b = a.store().start_beside(&lease).await.unwrap();
+    eventually("B sees the delivery held by A", WITHIN, || async {
+        (deliveries_counted(&client, &b, "held_elsewhere").await >= 1).then_some(())
+    })
+    .await;
+    let log = log_of(&client, &a, &key, &id, 2).await;
+    assert_eq!(log[0]["status"], "succeeded", "{log:?}");
+    assert_eq!(endpoint.received.lock().unwrap().len(), 2, "sent once per attempt, by A alone");
+    assert_eq!(deliveries_counted(&client, &b, "resumed").await, 0);
+
+    // A fails a first attempt, then dies before its retry: B carries on.
+    let (status, _) =
+        a.call(&client, &key, Method::POST, "/api/governance/enforce", Some(&enforcement())).await;
+    assert_eq!(status, StatusCode::OK);
+    let third = endpoint.wait_for(3, WITHIN).await.remove(2);
+    // Killed once the failed attempt is saved (a kill before that repeats
+    // the attempt's number, as a restart would).
+    let delivery = header(&third.0, "x-opgraph-delivery").unwrap();
+    let saved = format!(
+        "SELECT argMax(body, version) FROM webhook_pending WHERE delivery_id = '{delivery}'"
+    );
+    eventually("the failed attempt saved", WITHIN, || async {
+        let body = a.store().clickhouse_sql(&saved).await.unwrap();
+        body.contains("\"attempts\":1").then_some(())
+    })
+    .await;
+    let store = a.kill().await.unwrap();
+    let fourth = endpoint.wait_for(4, WITHIN).await.remove(3);
+    assert_eq!(header(&fourth.0, "x-opgraph-delivery"), Some(delivery), "the same delivery");
+    assert_eq!(header(&fourth.0, "x-opgraph-attempt"), Some("2"));
+    assert_eq!(fourth.1, third.1, "the same bytes");
+    assert_signed(&fourth.0, &fourth.1);
+    assert_eq!(deliveries_counted(&client, &b, "resumed").await, 1);
+    let log = log_of(&client, &b, &key, &id, 4).await;
+    assert_eq!(
+        (log[0]["status"].as_str(), log[0]["deliveryId"].as_str()),
+        (Some("succeeded"), Some(delivery))
+    );
+    drop(b);
+    drop(store);
 }
 
 /// The delivery log keeps attempts for `webhooks.log_retention` only.

@@ -851,6 +851,13 @@ pub async fn appends_are_idempotent(store: &dyn Store) {
     let retry = store.append_events(WS, keyed("evt_k2")).await.unwrap();
     assert_eq!((retry.ids, retry.inserted), (first.ids.clone(), 0));
     assert_eq!(count().await, before + 3);
+    // The same key with another request is a conflict, and stores nothing.
+    let mut other = keyed("evt_k4");
+    other.idempotency_key =
+        Some(crate::store::IdempotencyKey::new("key-1".into(), &json!({"a": 1})));
+    let refused = store.append_events(WS, other).await;
+    assert!(matches!(refused, Err(crate::error::Error::Conflict(_))), "{refused:?}");
+    assert_eq!(count().await, before + 3);
 
     // The quota limits what is new: with nothing left a replay is still
     // answered; new events past the limit refuse the whole call.
@@ -1332,6 +1339,8 @@ pub async fn webhooks(store: &dyn Store) {
         payload: "{\"id\":\"x\"}".into(),
         attempts,
         due_at,
+        owner: format!("proc_{attempts}"),
+        held_until: due_at + 1000,
     };
     store.save_pending_delivery(WS, &pending("whd_1", 0, T + 50)).await.unwrap();
     store.save_pending_delivery(OTHER_WS, &pending("whd_2", 0, T + 10)).await.unwrap();
@@ -1343,7 +1352,14 @@ pub async fn webhooks(store: &dyn Store) {
     assert_eq!(order, [(WS, "whd_1", 1), (OTHER_WS, "whd_2", 0), (WS, "whd_3", 0)]);
     assert_eq!(due[0].1, pending("whd_1", 1, T + 5), "the latest save, whole");
     assert_eq!(store.pending_deliveries(1).await.unwrap().len(), 1);
+    // One delivery by id, as last saved (its holder included), in its
+    // workspace only.
+    let one = store.pending_delivery(WS, "whd_1").await.unwrap();
+    assert_eq!(one, Some(pending("whd_1", 1, T + 5)));
+    assert_eq!(store.pending_delivery(OTHER_WS, "whd_1").await.unwrap(), None);
+    assert_eq!(store.pending_delivery(WS, "whd_9").await.unwrap(), None);
     store.finish_pending_delivery(WS, "whd_1").await.unwrap();
+    assert_eq!(store.pending_delivery(WS, "whd_1").await.unwrap(), None, "finished");
     store.finish_pending_delivery(WS, "whd_2").await.unwrap(); // another workspace's: kept
     let left: Vec<String> = store
         .pending_deliveries(10)

@@ -67,6 +67,15 @@ pub struct PendingDelivery {
     pub attempts: u32,
     /// When the next attempt is due, ms since the epoch.
     pub due_at: i64,
+    /// The cloud process carrying the delivery on (its instance id, new
+    /// at every start); empty in rows written before processes had one.
+    #[serde(default)]
+    pub owner: String,
+    /// Until when (ms since the epoch) the owner holds it: past its next
+    /// attempt's due time by `webhooks.lease`. Other processes sharing the
+    /// store leave it alone until then.
+    #[serde(default)]
+    pub held_until: i64,
 }
 
 #[async_trait]
@@ -89,6 +98,19 @@ pub trait WebhookStore: Send + Sync {
     /// Deliveries not finished, across workspaces (what a starting process
     /// resumes), the earliest due first, at most `limit`.
     async fn pending_deliveries(&self, limit: usize) -> Result<Vec<(String, PendingDelivery)>>;
+    /// One delivery not finished, as last saved; `None` once finished.
+    async fn pending_delivery(
+        &self,
+        ws: &str,
+        delivery_id: &str,
+    ) -> Result<Option<PendingDelivery>>;
+    /// Whether other cloud processes may be delivering from this store at
+    /// the same time (a shared ClickHouse). The embedded store's data
+    /// directory is locked by one process, so anything pending there that
+    /// this process is not sending was left by an earlier one.
+    fn shared_between_processes(&self) -> bool {
+        false
+    }
     /// Retention: deletes the attempts logged before `before_ms` and the
     /// deliveries due (or finished) before it, at most about `limit` rows.
     /// Answers how many rows went, or `None` when the store deletes in the

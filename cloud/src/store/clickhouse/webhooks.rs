@@ -170,6 +170,30 @@ impl WebhookStore for ClickHouseStore {
         self.insert_rows::<PendingRow<'_>>("webhook_pending", &[row]).await
     }
 
+    async fn pending_delivery(
+        &self,
+        ws: &str,
+        delivery_id: &str,
+    ) -> Result<Option<PendingDelivery>> {
+        let rows: Vec<PendingRead> = run(self
+            .client
+            .query(
+                "SELECT workspace_id, argMax(body, version) AS p_body FROM webhook_pending
+                 WHERE workspace_id = ? AND delivery_id = ?
+                 GROUP BY workspace_id, delivery_id HAVING argMax(done, version) = 0",
+            )
+            .bind(ws)
+            .bind(delivery_id)
+            .sent()
+            .fetch_all())
+        .await?;
+        rows.first().map(|r| from_json(&r.body)).transpose()
+    }
+
+    fn shared_between_processes(&self) -> bool {
+        true
+    }
+
     async fn pending_deliveries(&self, limit: usize) -> Result<Vec<(String, PendingDelivery)>> {
         let rows: Vec<PendingRead> = run(self
             .client

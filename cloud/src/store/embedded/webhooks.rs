@@ -3,7 +3,7 @@
 //! API reads; the columns beside it serve the lookups.
 
 use async_trait::async_trait;
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 
 use super::governance::limit_arg;
 use super::{EmbeddedStore, sql};
@@ -115,6 +115,24 @@ impl WebhookStore for EmbeddedStore {
             .and_then(|mut s| s.execute(params![ws, id]))
             .map_err(sql)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn pending_delivery(
+        &self,
+        ws: &str,
+        delivery_id: &str,
+    ) -> Result<Option<PendingDelivery>> {
+        let (ws, id) = (ws.to_owned(), delivery_id.to_owned());
+        self.read(move |conn| {
+            let body: Option<String> = conn
+                .prepare_cached(
+                    "SELECT body FROM webhook_pending WHERE workspace_id = ?1 AND delivery_id = ?2",
+                )
+                .and_then(|mut s| s.query_row(params![ws, id], |r| r.get(0)).optional())
+                .map_err(sql)?;
+            body.as_deref().map(from_json).transpose()
         })
         .await
     }
