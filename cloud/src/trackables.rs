@@ -170,18 +170,22 @@ pub fn scan_url(public_base: &str, scan_code: &str) -> String {
     format!("{}/r/{scan_code}", public_base.trim_end_matches('/'))
 }
 
-/// A QR code of `data` as a standalone SVG document: error correction M
-/// (15% of the symbol may be damaged), quiet zone included, at least 256
-/// units wide.
+/// A QR code of `data` as an SVG element that starts with `<svg`: error
+/// correction M (15% of the symbol may be damaged), quiet zone included, at
+/// least 256 units wide. Without the XML declaration the renderer puts
+/// first, so that it can be placed inline in an HTML page as it is, and
+/// still opens as a `.svg` file.
 pub fn qr_svg(data: &str) -> Result<String, String> {
     let code = QrCode::with_error_correction_level(data.as_bytes(), EcLevel::M)
         .map_err(|e| format!("cannot encode a QR code: {e}"))?;
-    Ok(code
+    let document = code
         .render::<svg::Color<'_>>()
         .min_dimensions(256, 256)
         .dark_color(svg::Color("#000000"))
         .light_color(svg::Color("#ffffff"))
-        .build())
+        .build();
+    let start = document.find("<svg").ok_or("the QR renderer wrote no <svg> element")?;
+    Ok(document[start..].to_owned())
 }
 
 #[cfg(test)]
@@ -308,7 +312,7 @@ mod tests {
     fn qr_svg_decodes_to_the_scan_url() {
         let url = scan_url("https://go.example.com", &generate_code());
         let svg = qr_svg(&url).unwrap();
-        assert!(svg.contains("<svg") && svg.ends_with("</svg>"));
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"), "{svg}");
         let (width, height, dark) = rasterise(&svg);
         assert!(width >= 256 && height >= 256);
         let mut image = rqrr::PreparedImage::prepare_from_greyscale(width, height, |x, y| {

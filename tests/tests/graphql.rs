@@ -291,6 +291,7 @@ async fn introspection_errors_and_credentials() {
     assert_eq!(answer["data"], Value::Null);
     assert!(answer["errors"][0]["message"].as_str().unwrap().contains("nope"), "{answer}");
     assert!(answer["errors"][0]["locations"].is_array());
+    assert_eq!(answer["errors"][0]["extensions"]["code"], "invalid_query", "{answer}");
 
     // A bad argument: the API's code and field in the extensions.
     let answer =
@@ -319,6 +320,7 @@ async fn introspection_errors_and_credentials() {
     )
     .await;
     assert!(answer["errors"][0]["message"].is_string(), "{answer}");
+    assert_eq!(answer["errors"][0]["extensions"]["code"], "invalid_query", "{answer}");
 
     // Before GraphQL: the credential and the body, in the API's shape.
     let response = client

@@ -8,7 +8,10 @@
 //! The credential is checked before GraphQL runs (401/403 in the API's
 //! error shape); everything after is GraphQL: variables, introspection,
 //! and errors as `{"data", "errors"}` with status 200, each error carrying
-//! `extensions.code` (and `extensions.field` for a bad argument).
+//! `extensions.code`: the API's code for a resolver's error (and
+//! `extensions.field` for a bad argument), `invalid_query` for a document
+//! that does not parse or validate (an unknown field, a variable of the
+//! wrong type).
 
 mod types;
 
@@ -589,6 +592,9 @@ impl QueryRoot {
     }
 }
 
+/// `extensions.code` of a document that does not parse or validate.
+const INVALID_QUERY: &str = "invalid_query";
+
 /// A GraphQL request (the standard JSON form).
 #[derive(Debug, serde::Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -640,7 +646,16 @@ pub async fn graphql(
         _ => return Err(Error::validation("", "the body must be a JSON object")),
     };
     let request = request.data(Caller { state, workspace_id: principal.workspace_id.clone() });
-    let response = schema().execute(request).await;
+    let mut response = schema().execute(request).await;
+    for error in &mut response.errors {
+        // Parse and validation errors come from async-graphql itself,
+        // without a code; a client tells them apart by this one.
+        if error.extensions.is_none() && error.path.is_empty() {
+            let mut extensions = async_graphql::ErrorExtensionValues::default();
+            extensions.set("code", INVALID_QUERY);
+            error.extensions = Some(extensions);
+        }
+    }
     serde_json::to_value(response).map(Json).map_err(Error::internal)
 }
 

@@ -45,6 +45,11 @@ fn text(description: &str) -> Value {
     json!({"type": "string", "description": description})
 }
 
+fn period(description: &str) -> Value {
+    json!({"type": "object", "description": description, "required": ["from", "to"],
+        "properties": {"from": millis("Start"), "to": millis("End")}})
+}
+
 fn millis(description: &str) -> Value {
     json!({"type": "integer", "description": format!("{description}, ms since the Unix epoch")})
 }
@@ -88,6 +93,7 @@ pub const TOOLS: &[Tool] = &[
         input: Input::Body,
         properties: || {
             json!({"query": text("Text to find"), "event": text("Only this event name"),
+                "businessId": text("Only this business"),
                 "from": millis("Earliest"), "to": millis("Latest"), "limit": limit()})
         },
         required: &["query"],
@@ -130,7 +136,11 @@ pub const TOOLS: &[Tool] = &[
         method: "POST",
         path: "/api/analytics/whats-changed",
         input: Input::Body,
-        properties: || json!({"businessId": text("Business id"), "limit": limit()}),
+        properties: || {
+            json!({"businessId": text("Business id"), "limit": limit(),
+                "current": period("The period looked at (default the last 7 days)"),
+                "previous": period("The period compared with (default as long, right before)")})
+        },
         required: &[],
     },
     Tool {
@@ -295,6 +305,11 @@ mod tests {
         assert_eq!(call("usage", Value::Null).unwrap().path, "/api/usage");
         let health = call("business_health", json!({"businessId": "north/dock 3"})).unwrap();
         assert_eq!(health.path, "/api/businesses/north%2Fdock%203/health");
+        let periods = json!({"current": {"from": 10, "to": 20}, "previous": {"from": 0, "to": 10}});
+        let changed = call("whats_changed", periods.clone()).unwrap();
+        assert_eq!(changed.body, Some(periods), "the periods are the API's own fields");
+        let schema = Tool::find("whats_changed").unwrap().input_schema();
+        assert_eq!(schema["properties"]["current"]["required"], json!(["from", "to"]));
     }
 
     #[test]
