@@ -564,6 +564,22 @@ async fn a_keyed_export_is_pushed_under_one_id(backend: Backend) {
     // Another key: another export.
     let other = send("nightly-2026-11-28").await.unwrap().json::<Value>().await.unwrap();
     assert_ne!(other["exportReceipt"]["id"], id.as_str());
+    // The same key with other records is another export too, pushed, not
+    // answered with the first one's receipt.
+    let changed = json!({"destination": "https", "config": {"url": endpoint.url},
+        "records": [{"sku": "B-2"}]});
+    let response = client
+        .post(cloud.at("/api/exports/destinations"))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "nightly-2026-11-27")
+        .json(&changed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let pushed: Value = response.json().await.unwrap();
+    assert_ne!(pushed["exportReceipt"]["id"], id.as_str(), "{pushed}");
+    assert_eq!(endpoint.received.lock().unwrap().len(), 4, "B-2 pushed");
 }
 
 /// A cloud that trusts `endpoint` and may reach it on loopback.

@@ -29,7 +29,7 @@ use super::governance::parse_body;
 use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, ErrorDetail, Result};
-use crate::governance::hash::sha256_hex;
+use crate::governance::hash::{canonical_hash, sha256_hex};
 use crate::outbound::{self, Answer};
 use crate::sigv4;
 use crate::store::governance::ExportReceipt;
@@ -356,6 +356,9 @@ pub async fn push(
 ) -> Result<Response> {
     principal.require(Scope::Export)?;
     let idempotency_key = super::ingest::idempotency_key(&headers)?;
+    // A key names one request: the same key with another body is another
+    // export, never answered with the first one's receipt.
+    let request_hash = canonical_hash(&body);
     let input: DestinationExport = parse_body(body)?;
     let kind = check_config(input.destination.trim(), &input.config)?;
     let destination = match (kind, input.config.as_object()) {
@@ -369,7 +372,10 @@ pub async fn push(
     let id = match &idempotency_key {
         // The same id on every try: each destination drops a repeat by it
         // (Idempotency-Key, insertId, ClientToken, requestId, object key).
-        Some(key) => format!("exp_{}", &sha256_hex(format!("{ws}\n{key}").as_bytes())[..26]),
+        Some(key) => {
+            let named = format!("{ws}\n{key}\n{request_hash}");
+            format!("exp_{}", &sha256_hex(named.as_bytes())[..26])
+        }
         None => crate::ids::new_id("exp"),
     };
     if idempotency_key.is_some()
