@@ -256,15 +256,10 @@ impl Webhooks {
     /// `shutdown`, so that a process that died is taken over while the
     /// others run.
     pub async fn resume(self: Arc<Self>, shutdown: CancellationToken) {
-        let every = (self.config.webhooks.lease / 2)
+        let period = (self.config.webhooks.lease / 2)
             .clamp(Duration::from_millis(100), Duration::from_secs(60));
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
+        let mut passes = Passes::every(period);
+        while passes.next(&shutdown).await {
             self.resume_once().await;
         }
     }
@@ -506,18 +501,13 @@ impl Webhooks {
     /// delivers each one once (per process: a restart may deliver an
     /// anomaly of the current hours again, with the same `subject`).
     pub async fn watch_anomalies(self: Arc<Self>, shutdown: CancellationToken) {
-        let every = self.config.webhooks.anomaly_interval;
-        if every.is_zero() {
+        let period = self.config.webhooks.anomaly_interval;
+        if period.is_zero() {
             return;
         }
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut delivered: std::collections::HashSet<String> = std::collections::HashSet::new();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
+        let mut delivered: HashSet<String> = HashSet::new();
+        let mut passes = Passes::every(period);
+        while passes.next(&shutdown).await {
             let now = crate::now_ms();
             let workspaces = match self.store.workspaces_with_webhooks().await {
                 Ok(workspaces) => workspaces,
@@ -546,7 +536,7 @@ impl Webhooks {
         self: &Arc<Self>,
         ws: &str,
         now: i64,
-        delivered: &mut std::collections::HashSet<String>,
+        delivered: &mut HashSet<String>,
     ) -> Result<()> {
         let hooks = self.webhooks_of(ws).await?;
         if !hooks.iter().any(|h| h.events.iter().any(|e| e == ANOMALY_DETECTED)) {
@@ -581,14 +571,9 @@ impl Webhooks {
         if retention.is_zero() {
             return;
         }
-        let every = (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(3600));
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = shutdown.cancelled() => return,
-            }
+        let period = (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+        let mut passes = Passes::every(period);
+        while passes.next(&shutdown).await {
             let before = crate::now_ms()
                 .saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
             // In batches, so that the store's writer is never held long;
@@ -611,6 +596,27 @@ impl Webhooks {
 
     fn count(&self, outcome: &str) {
         self.metrics.webhook(outcome);
+    }
+}
+
+/// The passes of a background loop: the first at once, then one every
+/// period until shutdown; a pass that overruns its period delays the next
+/// instead of bunching them up.
+struct Passes(tokio::time::Interval);
+
+impl Passes {
+    fn every(period: Duration) -> Passes {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Passes(tick)
+    }
+
+    /// Waits for the next pass; `false` once `shutdown` is cancelled.
+    async fn next(&mut self, shutdown: &CancellationToken) -> bool {
+        tokio::select! {
+            _ = self.0.tick() => true,
+            () = shutdown.cancelled() => false,
+        }
     }
 }
 
