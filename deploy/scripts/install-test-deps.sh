@@ -16,6 +16,11 @@ needs=(
   # the ClickHouse cluster test's replication and ON CLUSTER DDL; tests
   # start their own on loopback (the package brings a Java runtime)
   "/usr/share/zookeeper/bin/zkServer.sh zookeeper"
+  # the SDKs' own test suites (tests/tests/sdks.rs): each SDK uses only its
+  # language's standard library, so the toolchains are all they need
+  "node nodejs"
+  "go golang-go"
+  "ruby ruby"
 )
 
 missing=()

@@ -1,0 +1,3 @@
+module opgraph.dev/go
+
+go 1.19
