@@ -54,17 +54,19 @@ type Option func(*settings)
 
 // WithURL sets the cloud's base URL, e.g. "https://opgraph.example.com"
 // (default: OPGRAPH_URL, else [DefaultURL]). A path prefix is kept, for a
-// cloud behind a proxy at "https://example.com/opgraph".
+// cloud behind a proxy at "https://example.com/opgraph". An empty URL
+// counts as not given (see [New]).
 func WithURL(u string) Option { return func(s *settings) { s.url = u } }
 
 // WithAPIKey sets the credential sent as "Authorization: Bearer <key>": an
-// API key ("og_...") or an enterprise token (default: OPGRAPH_API_KEY).
+// API key ("og_...") or an enterprise token (default: OPGRAPH_API_KEY). An
+// empty key counts as not given (see [New]).
 func WithAPIKey(key string) Option { return func(s *settings) { s.apiKey = key } }
 
 // WithWorkspace sets the workspace id sent as X-Opgraph-Workspace-ID, which
 // an enterprise token naming several workspaces needs (default:
 // OPGRAPH_WORKSPACE_ID). An API key belongs to one workspace and needs
-// none; an empty id sends none.
+// none. An empty id counts as not given (see [New]).
 func WithWorkspace(id string) Option { return func(s *settings) { s.workspace = id } }
 
 // WithTimeout bounds each attempt of a call, retries each getting their own
@@ -84,23 +86,24 @@ func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.http =
 
 // New makes a client. Without options, the URL comes from OPGRAPH_URL
 // (else [DefaultURL]), the key from OPGRAPH_API_KEY and the workspace from
-// OPGRAPH_WORKSPACE_ID, as for the command line. It refuses a URL that is not http(s), and a key or
+// OPGRAPH_WORKSPACE_ID, as for the command line. An empty URL, key or
+// workspace (or one of only spaces, tabs and line breaks) counts as not
+// given, so its environment variable applies; an empty variable counts as
+// unset too, so the URL falls back to [DefaultURL] and no key or workspace
+// header is sent. It refuses a URL that is not http(s), and a key or
 // workspace id holding control characters (a newline would split the
 // header).
 func New(opts ...Option) (*Client, error) {
-	s := settings{
-		url:        os.Getenv("OPGRAPH_URL"),
-		apiKey:     os.Getenv("OPGRAPH_API_KEY"),
-		workspace:  os.Getenv("OPGRAPH_WORKSPACE_ID"),
-		timeout:    DefaultTimeout,
-		maxRetries: DefaultMaxRetries,
-	}
-	if s.url == "" {
-		s.url = DefaultURL
-	}
+	s := settings{timeout: DefaultTimeout, maxRetries: DefaultMaxRetries}
 	for _, opt := range opts {
 		opt(&s)
 	}
+	s.url = setting(s.url, "OPGRAPH_URL")
+	if s.url == "" {
+		s.url = DefaultURL
+	}
+	s.apiKey = setting(s.apiKey, "OPGRAPH_API_KEY")
+	s.workspace = setting(s.workspace, "OPGRAPH_WORKSPACE_ID")
 	base, err := checkURL(s.url)
 	if err != nil {
 		return nil, err
@@ -128,6 +131,24 @@ func New(opts ...Option) (*Client, error) {
 		maxRetries: s.maxRetries,
 		http:       s.http,
 	}, nil
+}
+
+// blank is what a setting may hold and still count as not given: the
+// same rule in all four SDKs.
+const blank = " \t\n\v\f\r"
+
+// setting is the value given, else the environment variable, else "". A
+// value of only blank characters counts as not given, so that
+// OPGRAPH_WORKSPACE_ID= or WithAPIKey("") falls through to the next source
+// instead of sending an empty header.
+func setting(value, variable string) string {
+	if strings.Trim(value, blank) != "" {
+		return value
+	}
+	if value = os.Getenv(variable); strings.Trim(value, blank) != "" {
+		return value
+	}
+	return ""
 }
 
 // checkURL accepts an absolute http(s) URL without query or fragment and

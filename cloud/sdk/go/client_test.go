@@ -332,6 +332,68 @@ func TestWorkspaceComesFromTheEnvironment(t *testing.T) {
 	}
 }
 
+func TestEmptySettingsCountAsNotGiven(t *testing.T) {
+	rec := &recorder{script: []http.HandlerFunc{reply(200, `{"events":[]}`)}}
+	server := httptest.NewServer(rec)
+	t.Cleanup(server.Close)
+	t.Setenv("OPGRAPH_URL", server.URL+"/")
+	t.Setenv("OPGRAPH_API_KEY", "og_env")
+	t.Setenv("OPGRAPH_WORKSPACE_ID", "ws_env")
+	blanks := []string{"", "   ", "\t\r\n"}
+	for _, b := range blanks {
+		c, err := New(WithURL(b), WithAPIKey(b), WithWorkspace(b))
+		if err != nil {
+			t.Fatalf("%q: %v", b, err)
+		}
+		if c.base != server.URL || c.apiKey != "og_env" || c.workspace != "ws_env" {
+			t.Fatalf("%q: the environment must apply, got %+v", b, c)
+		}
+		if _, err := c.Events(context.Background(), EventFilter{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	requests, _ := rec.seen()
+	for _, r := range requests {
+		if r.Header.Get("Authorization") != "Bearer og_env" || r.Header.Get("X-Opgraph-Workspace-ID") != "ws_env" {
+			t.Fatalf("headers sent: %v", r.Header)
+		}
+	}
+
+	// An empty variable is unset too: the default URL, and no key or
+	// workspace header at all (not an empty one).
+	for _, empty := range []string{"", " "} {
+		t.Setenv("OPGRAPH_URL", empty)
+		t.Setenv("OPGRAPH_API_KEY", empty)
+		t.Setenv("OPGRAPH_WORKSPACE_ID", empty)
+		c, err := New(WithURL(empty), WithAPIKey(empty), WithWorkspace(empty))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.base != DefaultURL || c.apiKey != "" || c.workspace != "" {
+			t.Fatalf("%q: %+v", empty, c)
+		}
+		local, err := New(WithURL(server.URL), WithAPIKey(empty), WithWorkspace(empty))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := local.Events(context.Background(), EventFilter{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	requests, _ = rec.seen()
+	if len(requests) != len(blanks)+2 {
+		t.Fatalf("want %d requests, got %d", len(blanks)+2, len(requests))
+	}
+	for _, r := range requests[len(blanks):] {
+		if _, sent := r.Header["Authorization"]; sent {
+			t.Fatalf("no key was set, yet one was sent: %v", r.Header)
+		}
+		if _, sent := r.Header["X-Opgraph-Workspace-Id"]; sent {
+			t.Fatalf("no workspace was set, yet one was sent: %v", r.Header)
+		}
+	}
+}
+
 func TestContextEndsARetryWait(t *testing.T) {
 	limited := reply(429, `{"error":{"code":"rate_limited","message":"slow down"}}`, "Retry-After", "30")
 	// A deadline shorter than the wait: the 429 itself is returned at once.

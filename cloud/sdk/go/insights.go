@@ -211,15 +211,40 @@ type BusinessHealth struct {
 	NextActions []NextAction `json:"nextActions"`
 }
 
+// ReadOption is a setting of a read that takes no query struct:
+// [Client.BusinessHealth] and [Client.Usage].
+type ReadOption func(*readSettings)
+
+type readSettings struct {
+	limit int
+}
+
+// WithLimit bounds the lists of the answer: the recent events and runs of
+// [Client.BusinessHealth], the agents of [Client.Usage] (0: the cloud's
+// default, 100; at most 1000).
+func WithLimit(n int) ReadOption { return func(s *readSettings) { s.limit = n } }
+
+// queryOf is the query string of a read's options.
+func queryOf(opts []ReadOption) url.Values {
+	var s readSettings
+	for _, opt := range opts {
+		opt(&s)
+	}
+	query := url.Values{}
+	setInt(query, "limit", int64(s.limit))
+	return query
+}
+
 // BusinessHealth reports a business's health ("default" is the
 // workspace's default business) (GET /api/businesses/{id}/health).
-func (c *Client) BusinessHealth(ctx context.Context, businessID string) (*BusinessHealth, error) {
+// [WithLimit] bounds its recent events and runs.
+func (c *Client) BusinessHealth(ctx context.Context, businessID string, opts ...ReadOption) (*BusinessHealth, error) {
 	if businessID == "" {
 		return nil, errEmptyID
 	}
 	var out BusinessHealth
 	path := "/api/businesses/" + url.PathEscape(businessID) + "/health"
-	if err := c.Do(ctx, http.MethodGet, path, nil, nil, "", &out); err != nil {
+	if err := c.Do(ctx, http.MethodGet, path, queryOf(opts), nil, "", &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -334,9 +359,10 @@ type Usage struct {
 
 // Usage reports the workspace's metering: events this month against the
 // quota, API calls, connector load, agent activity (GET /api/usage).
-func (c *Client) Usage(ctx context.Context) (*Usage, error) {
+// [WithLimit] bounds its agents.
+func (c *Client) Usage(ctx context.Context, opts ...ReadOption) (*Usage, error) {
 	var out Usage
-	if err := c.Do(ctx, http.MethodGet, "/api/usage", nil, nil, "", &out); err != nil {
+	if err := c.Do(ctx, http.MethodGet, "/api/usage", queryOf(opts), nil, "", &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -223,6 +223,34 @@ func TestBusinessHealth(t *testing.T) {
 	apiError(t, err, http.StatusNotFound, "not_found")
 }
 
+func TestBusinessHealthLimit(t *testing.T) {
+	c, ctx := cloud(t), ctxOf(t)
+	business, name := unique("dock"), unique("crate.moved")
+	events := []opgraph.Event{{Event: name}, {Event: name}, {Event: name}}
+	for i := range events {
+		events[i].BusinessID = business
+	}
+	if _, err := c.IngestBatch(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	all, err := c.BusinessHealth(ctx, business)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounded, err := c.BusinessHealth(ctx, business, opgraph.WithLimit(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all.RecentEvents) != 3 || len(bounded.RecentEvents) != 2 {
+		t.Fatalf("want 3 recent events, 2 with a limit of 2: got %d and %d",
+			len(all.RecentEvents), len(bounded.RecentEvents))
+	}
+	_, err = c.BusinessHealth(ctx, business, opgraph.WithLimit(-1))
+	if e := apiError(t, err, http.StatusBadRequest, "validation_failed"); e.Field != "limit" {
+		t.Fatalf("want field limit, got %+v", e)
+	}
+}
+
 func TestUsageAndHealth(t *testing.T) {
 	c, ctx := cloud(t), ctxOf(t)
 	if _, err := c.Ingest(ctx, opgraph.Event{Event: unique("metered")}); err != nil {
@@ -246,10 +274,47 @@ func TestUsageAndHealth(t *testing.T) {
 			t.Fatalf("health (strict %v) %+v", strict, h)
 		}
 	}
-	// Health needs no credential.
-	anonymous := cloud(t, opgraph.WithAPIKey(""))
+	// Health needs no credential. An empty key counts as not given, so
+	// OPGRAPH_API_KEY is emptied too.
+	url := env(t, "OPGRAPH_URL")
+	t.Setenv("OPGRAPH_API_KEY", "")
+	anonymous, err := opgraph.New(opgraph.WithURL(url), opgraph.WithAPIKey(""))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := anonymous.Health(ctx, false); err != nil {
 		t.Fatal(err)
+	}
+	_, err = anonymous.Usage(ctx)
+	apiError(t, err, http.StatusUnauthorized, "unauthorized")
+}
+
+func TestUsageLimit(t *testing.T) {
+	c, ctx := cloud(t), ctxOf(t)
+	// Two agents at least, whatever the other tests stored.
+	name := unique("agent.step")
+	events := []opgraph.Event{
+		{Event: name, Actor: opgraph.Ref{Type: "agent", ID: unique("planner")}},
+		{Event: name, Actor: opgraph.Ref{Type: "agent", ID: unique("picker")}},
+	}
+	if _, err := c.IngestBatch(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	all, err := c.Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounded, err := c.Usage(ctx, opgraph.WithLimit(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all.Agents) < 2 || len(bounded.Agents) != 1 {
+		t.Fatalf("want 2 agents or more, 1 with a limit of 1: got %d and %d", len(all.Agents), len(bounded.Agents))
+	}
+	// The limit reaches the cloud, which checks it.
+	_, err = c.Usage(ctx, opgraph.WithLimit(-1))
+	if e := apiError(t, err, http.StatusBadRequest, "validation_failed"); e.Field != "limit" {
+		t.Fatalf("want field limit, got %+v", e)
 	}
 }
 

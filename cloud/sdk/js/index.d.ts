@@ -7,6 +7,11 @@ export declare const VERSION: string;
 /** Milliseconds since the Unix epoch; a Date is sent as its milliseconds. */
 export type Millis = number | Date;
 
+/**
+ * An empty `url`, `apiKey` or `workspace` (or one of only spaces, tabs and
+ * line breaks) counts as not given, so its environment variable applies; an
+ * empty variable counts as unset too.
+ */
 export interface OpgraphOptions {
   /** Default: `OPGRAPH_URL`, else `http://127.0.0.1:8080`. http or https only. */
   url?: string;

@@ -19,6 +19,8 @@ const MAX_PAUSE_MS = 30_000;
 // Header values with these would let a setting smuggle in another header;
 // fetch refuses them too, but only at the first call and with a vaguer error.
 const HEADER_BREAKS = /[\r\n\0]/;
+// A setting of only these counts as not given (see `given`).
+const BLANK = /^[ \t\n\v\f\r]*$/;
 
 /** The base of both errors a call can throw. */
 export class OpgraphError extends Error {}
@@ -75,13 +77,18 @@ export class Opgraph {
    * @param {import('./index.js').OpgraphOptions} [options] Without `url`,
    *   `apiKey` or `workspace`, `OPGRAPH_URL` (else http://127.0.0.1:8080),
    *   `OPGRAPH_API_KEY` and `OPGRAPH_WORKSPACE_ID` are read where the runtime
-   *   has an environment, as the command line does.
+   *   has an environment, as the command line does. An empty setting (or
+   *   one of only spaces, tabs and line breaks) counts as not given, and so
+   *   does an empty variable.
    */
   constructor(options = {}) {
     const { url, apiKey, workspace, timeoutMs = 30_000, maxRetries = 3, fetch } = options;
-    this.#base = baseUrl(url ?? fromEnv('OPGRAPH_URL') ?? DEFAULT_URL);
-    this.#apiKey = headerSetting('apiKey', apiKey ?? fromEnv('OPGRAPH_API_KEY'));
-    this.#workspace = headerSetting('workspace', workspace ?? fromEnv('OPGRAPH_WORKSPACE_ID'));
+    this.#base = baseUrl(given(url) ?? fromEnv('OPGRAPH_URL') ?? DEFAULT_URL);
+    this.#apiKey = headerSetting('apiKey', given(apiKey) ?? fromEnv('OPGRAPH_API_KEY'));
+    this.#workspace = headerSetting(
+      'workspace',
+      given(workspace) ?? fromEnv('OPGRAPH_WORKSPACE_ID'),
+    );
     if (typeof timeoutMs !== 'number' || !(timeoutMs > 0) || !Number.isFinite(timeoutMs)) {
       throw new TypeError(`timeoutMs must be a positive number of milliseconds, not ${timeoutMs}`);
     }
@@ -431,11 +438,21 @@ function headerSetting(name, value) {
   return value;
 }
 
+/**
+ * A setting as given, or undefined when it counts as not given: missing, or
+ * a string of nothing but spaces, tabs and line breaks (the same rule in all
+ * four SDKs), so that `OPGRAPH_WORKSPACE_ID=` or `apiKey: ''` falls through
+ * to the next source instead of sending an empty header.
+ */
+function given(value) {
+  if (value === undefined || value === null) return undefined;
+  return typeof value === 'string' && BLANK.test(value) ? undefined : value;
+}
+
 /** An environment variable where there is one; Deno may deny the read. */
 function fromEnv(name) {
   try {
-    const value = globalThis.process?.env?.[name];
-    return value === '' ? undefined : value;
+    return given(globalThis.process?.env?.[name]);
   } catch {
     return undefined;
   }

@@ -60,6 +60,47 @@ test('bad settings are a TypeError at construction', () => {
   assert.equal(prefixed.url, 'https://example.com/opgraph');
 });
 
+test('an empty or blank setting counts as not given, and so does an empty variable', async () => {
+  const server = await fakeServer((request, response) => json(response, 200, { events: [] }));
+  const names = ['OPGRAPH_URL', 'OPGRAPH_API_KEY', 'OPGRAPH_WORKSPACE_ID'];
+  const saved = names.map((name) => [name, process.env[name]]);
+  try {
+    process.env.OPGRAPH_URL = `${server.url}/`;
+    process.env.OPGRAPH_API_KEY = 'og_from_env';
+    process.env.OPGRAPH_WORKSPACE_ID = 'ws_from_env';
+    for (const blank of ['', '   ', '\t\r\n']) {
+      const opgraph = new Opgraph({ url: blank, apiKey: blank, workspace: blank });
+      assert.equal(opgraph.url, server.url);
+      assert.equal(opgraph.workspace, 'ws_from_env');
+      await opgraph.events();
+    }
+    assert.equal(server.requests.length, 3);
+    for (const { headers } of server.requests) {
+      assert.equal(headers.authorization, 'Bearer og_from_env');
+      assert.equal(headers['x-opgraph-workspace-id'], 'ws_from_env');
+    }
+
+    // An empty variable is unset too: the default URL, and no key or
+    // workspace header at all (not an empty one).
+    for (const empty of ['', ' ']) {
+      for (const name of names) process.env[name] = empty;
+      const bare = new Opgraph({ url: empty, apiKey: empty, workspace: empty });
+      assert.equal(bare.url, 'http://127.0.0.1:8080');
+      assert.equal(bare.workspace, undefined);
+      await new Opgraph({ url: server.url, apiKey: empty, workspace: empty }).events();
+      const { headers } = server.requests.at(-1);
+      assert.equal(headers.authorization, undefined);
+      assert.equal(headers['x-opgraph-workspace-id'], undefined);
+    }
+  } finally {
+    for (const [name, value] of saved) {
+      if (value === undefined) delete process.env[name];
+      else process.env[name] = value;
+    }
+    await server.close();
+  }
+});
+
 test('a closed port is a transport error after the retries of a read', async () => {
   const port = await closedPort();
   let attempts = 0;

@@ -30,6 +30,11 @@ class Client:
         workspace: sent as ``X-Opgraph-Workspace-ID``, which a token naming
             several workspaces needs; default ``OPGRAPH_WORKSPACE_ID``, as
             for the command line.
+
+            An empty ``url``, ``api_key`` or ``workspace`` (or one of only
+            spaces, tabs and line breaks) counts as not given, so its
+            environment variable applies; an empty variable counts as
+            unset too.
         timeout: seconds each attempt may wait on the network.
         max_retries: how many times a call is retried at most (0: never).
 
@@ -49,12 +54,11 @@ class Client:
         timeout: float = 30.0,
         max_retries: int = 3,
     ) -> None:
+        url = _setting(url, "OPGRAPH_URL")
         if url is None:
-            url = os.environ.get("OPGRAPH_URL") or DEFAULT_URL
-        if api_key is None:
-            api_key = os.environ.get("OPGRAPH_API_KEY")
-        if workspace is None:
-            workspace = os.environ.get("OPGRAPH_WORKSPACE_ID")
+            url = DEFAULT_URL
+        api_key = _setting(api_key, "OPGRAPH_API_KEY")
+        workspace = _setting(workspace, "OPGRAPH_WORKSPACE_ID")
         self.url = _base_url(url)
         self.workspace = _header_value("workspace", workspace)
         api_key = _header_value("api_key", api_key)
@@ -138,12 +142,21 @@ class Client:
         from_: Optional[int] = None,
         to: Optional[int] = None,
         limit: Optional[int] = None,
+        business_id: Optional[str] = None,
     ) -> JSONObject:
         """Case-insensitive search (3 to 200 characters) over event names,
         property values and actor and object ids and types:
-        ``POST /api/analytics/event-search``. Answers ``{"results",
-        "total", "totalCapped"}``."""
-        body = _object(query=query, event=event, from_=from_, to=to, limit=limit)
+        ``POST /api/analytics/event-search``. ``business_id`` keeps one
+        business's events. Answers ``{"results", "total",
+        "totalCapped"}``."""
+        body = _object(
+            query=query,
+            event=event,
+            business_id=business_id,
+            from_=from_,
+            to=to,
+            limit=limit,
+        )
         return self._answer("POST", "/api/analytics/event-search", body)
 
     # -- Analytics ---------------------------------------------------------
@@ -324,6 +337,27 @@ def _base_url(url: str) -> str:
     if parts.query or parts.fragment or any(c <= " " or c == "\x7f" for c in url):
         raise ValueError(f"url must be a plain base URL, without query or spaces: {url!r}")
     return url.rstrip("/")
+
+
+#: What a setting may hold and still count as not given (see ``_given``).
+_BLANK = " \t\n\v\f\r"
+
+
+def _given(value: Optional[str]) -> Optional[str]:
+    """A setting as given, or ``None`` when it counts as not given:
+    missing, or a string of nothing but spaces, tabs and line breaks (the
+    same rule in all four SDKs), so that ``OPGRAPH_WORKSPACE_ID=`` or
+    ``api_key=""`` falls through to the next source instead of sending an
+    empty header. Other values are left for the checks that follow."""
+    if isinstance(value, str) and not value.strip(_BLANK):
+        return None
+    return value
+
+
+def _setting(value: Optional[str], variable: str) -> Optional[str]:
+    """The setting given, else the environment variable, else ``None``."""
+    value = _given(value)
+    return value if value is not None else _given(os.environ.get(variable))
 
 
 def _header_value(setting: str, value: Optional[str]) -> Optional[str]:

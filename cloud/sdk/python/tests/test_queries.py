@@ -39,6 +39,22 @@ class QueriesTest(support.CloudTest):
         self.assertEqual(found["total"], 1)
         self.assertEqual(self.client.search(needle, event=support.unique("other"))["total"], 0)
 
+    def test_search_keeps_one_business(self) -> None:
+        needle = "crate-" + uuid.uuid4().hex
+        north, south = support.unique("north"), support.unique("south")
+        name, label = support.unique("search"), {"label": needle}
+        stored = self.client.ingest(
+            [
+                {"event": name, "businessId": north, "properties": label},
+                {"event": name, "businessId": south, "properties": label},
+            ]
+        )
+        self.assertEqual(self.client.search(needle)["total"], 2)
+        found = self.client.search(needle, business_id=south)
+        self.assertEqual([r["id"] for r in found["results"]], stored["ids"][1:])
+        self.assertEqual(found["results"][0]["businessId"], south)
+        self.assertEqual(self.client.search(needle, business_id=support.unique("none"))["total"], 0)
+
     def test_graphql_returns_data_and_raises_its_errors(self) -> None:
         name = support.unique("graphql")
         stored = self.client.ingest({"event": name})

@@ -46,6 +46,38 @@ class SettingsTest(unittest.TestCase):
         with mock.patch.dict(os.environ, bare, clear=True):
             self.assertEqual(opgraph.Client().url, "http://127.0.0.1:8080")
 
+    def test_an_empty_setting_counts_as_not_given(self) -> None:
+        listed = support.http_answer("200 OK", b'{"events":[]}')
+        blanks = ["", "   ", "\t\r\n"]
+        with support.Peer(answer=listed) as peer:
+            env = {
+                "OPGRAPH_URL": peer.url + "/",
+                "OPGRAPH_API_KEY": "og_from_env",
+                "OPGRAPH_WORKSPACE_ID": "ws_from_env",
+            }
+            with mock.patch.dict(os.environ, env):
+                for blank in blanks:
+                    client = opgraph.Client(url=blank, api_key=blank, workspace=blank)
+                    self.assertEqual((client.url, client.workspace), (peer.url, "ws_from_env"))
+                    client.events()
+        sent = [(r.get("authorization"), r.get("x-opgraph-workspace-id")) for r in peer.requests]
+        self.assertEqual(sent, [("Bearer og_from_env", "ws_from_env")] * len(blanks))
+
+    def test_an_empty_variable_counts_as_unset(self) -> None:
+        listed = support.http_answer("200 OK", b'{"events":[]}')
+        names = ["OPGRAPH_URL", "OPGRAPH_API_KEY", "OPGRAPH_WORKSPACE_ID"]
+        with support.Peer(answer=listed) as peer:
+            for empty in ["", " "]:
+                with mock.patch.dict(os.environ, {name: empty for name in names}):
+                    bare = opgraph.Client(url=empty, api_key=empty, workspace=empty)
+                    self.assertEqual((bare.url, bare.workspace), ("http://127.0.0.1:8080", None))
+                    opgraph.Client(url=peer.url, api_key=empty, workspace=empty).events()
+        # No key or workspace header at all, not an empty one.
+        for request in peer.requests:
+            self.assertNotIn("authorization", request)
+            self.assertNotIn("x-opgraph-workspace-id", request)
+        self.assertEqual(len(peer.requests), 2)
+
     def test_the_repr_never_shows_the_key(self) -> None:
         client = support.client()
         self.assertNotIn(support.setting("OPGRAPH_API_KEY"), repr(client))
@@ -60,7 +92,9 @@ class CredentialTest(support.CloudTest):
         self.assertTrue(caught.exception.message)
 
     def test_no_key_reaches_health_only(self) -> None:
-        anonymous = opgraph.Client(url=support.setting("OPGRAPH_URL"), api_key="")
+        url = support.setting("OPGRAPH_URL")
+        with mock.patch.dict(os.environ, {"OPGRAPH_API_KEY": ""}):
+            anonymous = opgraph.Client(url=url)
         self.assertIn(anonymous.health()["status"], ("ok", "degraded", "fail"))
         with self.assertRaises(ApiError) as caught:
             anonymous.usage()

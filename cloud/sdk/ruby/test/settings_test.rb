@@ -25,6 +25,15 @@ class SettingsTest < Minitest::Test
     assert_raises(ArgumentError) { Opgraph::Client.new(api_key: "og_x", max_retries: -1) }
   end
 
+  # Sets the variables for the block, then puts back what was there.
+  def with_env(values)
+    saved = values.keys.to_h { |name| [name, ENV.fetch(name, nil)] }
+    values.each { |name, value| ENV[name] = value }
+    yield
+  ensure
+    saved.each { |name, value| ENV[name] = value }
+  end
+
   def test_the_url_and_key_come_from_the_environment
     from_env = Opgraph::Client.new
     assert_equal setting("OPGRAPH_URL").chomp("/"), from_env.url
@@ -49,6 +58,42 @@ class SettingsTest < Minitest::Test
     assert_api_error(403, "forbidden") { client.events(limit: 1) }
   ensure
     ENV["OPGRAPH_WORKSPACE_ID"] = saved
+    server&.close
+  end
+
+  def test_an_empty_setting_counts_as_not_given
+    server = FakeServer.new(FakeServer.answer(200, { "events" => [] }))
+    blanks = ["", "   ", "\t\r\n"]
+    with_env("OPGRAPH_URL" => "#{server.url}/", "OPGRAPH_API_KEY" => "og_from_env",
+             "OPGRAPH_WORKSPACE_ID" => "ws_from_env") do
+      blanks.each do |blank|
+        opgraph = Opgraph::Client.new(url: blank, api_key: blank, workspace: blank)
+        assert_equal [server.url, "ws_from_env"], [opgraph.url, opgraph.workspace], blank.inspect
+        opgraph.events
+      end
+    end
+    sent = server.requests.map { |r| r["headers"].values_at("authorization", "x-opgraph-workspace-id") }
+    assert_equal [["Bearer og_from_env", "ws_from_env"]] * blanks.size, sent
+  ensure
+    server&.close
+  end
+
+  def test_an_empty_variable_counts_as_unset
+    server = FakeServer.new(FakeServer.answer(200, { "events" => [] }))
+    ["", " "].each do |empty|
+      with_env("OPGRAPH_URL" => empty, "OPGRAPH_API_KEY" => empty, "OPGRAPH_WORKSPACE_ID" => empty) do
+        bare = Opgraph::Client.new(url: empty, api_key: empty, workspace: empty)
+        assert_equal ["http://127.0.0.1:8080", nil], [bare.url, bare.workspace]
+        Opgraph::Client.new(url: server.url, api_key: empty, workspace: empty).events
+      end
+    end
+    # No key or workspace header at all, not an empty one.
+    assert_equal 2, server.requests.size
+    server.requests.each do |request|
+      refute_includes request["headers"].keys, "authorization"
+      refute_includes request["headers"].keys, "x-opgraph-workspace-id"
+    end
+  ensure
     server&.close
   end
 

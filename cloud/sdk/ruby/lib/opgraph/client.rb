@@ -40,6 +40,9 @@ module Opgraph
       429 => "rate_limited", 500 => "internal", 503 => "unavailable"
     }.freeze
 
+    # What a setting may hold and still count as not given.
+    BLANK = /\A[ \t\n\v\f\r]*\z/
+
     METHODS = {
       "GET" => Net::HTTP::Get, "POST" => Net::HTTP::Post, "PUT" => Net::HTTP::Put,
       "PATCH" => Net::HTTP::Patch, "DELETE" => Net::HTTP::Delete, "HEAD" => Net::HTTP::Head
@@ -67,6 +70,10 @@ module Opgraph
     #   default +OPGRAPH_API_KEY+
     # @param workspace [String, nil] sent as X-Opgraph-Workspace-ID, which a
     #   token naming several workspaces needs; default +OPGRAPH_WORKSPACE_ID+
+    #
+    # An empty +url+, +api_key+ or +workspace+ (or one of only spaces, tabs
+    # and line breaks) counts as not given, so its environment variable
+    # applies; an empty variable counts as unset too.
     # @param timeout [Numeric] seconds allowed to connect, and to each read
     #   and write of an attempt
     # @param max_retries [Integer] retries after the first attempt (0: none)
@@ -439,8 +446,12 @@ module Opgraph
       value
     end
 
+    # The setting as given, or nil when it counts as not given: nil, or
+    # nothing but spaces, tabs and line breaks (the same rule in all four
+    # SDKs), so that OPGRAPH_WORKSPACE_ID= or api_key: "" falls through to
+    # the next source instead of sending an empty header.
     def present(value)
-      value.nil? || value.to_s.empty? ? nil : value
+      value.nil? || BLANK.match?(value.to_s) ? nil : value
     end
 
     def describe(error)
