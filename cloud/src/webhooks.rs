@@ -89,6 +89,14 @@ pub struct Webhooks {
     metrics: Arc<Metrics>,
     /// Per workspace: when read, and its webhooks.
     cache: Mutex<HashMap<String, (Instant, Hooks)>>,
+    /// Per workspace, held while its webhooks are read from the store: the
+    /// calls that find the cache stale together (every enforcement in the
+    /// same few milliseconds) wait for one read instead of each making
+    /// its own.
+    refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Store reads of webhook lists, for the test of the above.
+    #[cfg(test)]
+    reads: AtomicUsize,
     outstanding: AtomicUsize,
     sending: Semaphore,
     /// This process among those sharing the store: the owner written in
@@ -106,6 +114,9 @@ impl Webhooks {
             config,
             metrics,
             cache: Mutex::new(HashMap::new()),
+            refreshing: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            reads: AtomicUsize::new(0),
             outstanding: AtomicUsize::new(0),
             sending: Semaphore::new(MAX_SENDING),
             instance: crate::ids::new_id("proc"),
@@ -171,6 +182,18 @@ impl Webhooks {
         if let Some(hooks) = self.cached(ws) {
             return Ok(hooks);
         }
+        let gate = {
+            let mut gates =
+                self.refreshing.lock().map_err(|_| Error::internal("webhook cache poisoned"))?;
+            Arc::clone(gates.entry(ws.to_owned()).or_default())
+        };
+        let _refreshing = gate.lock().await;
+        // Read by the call this one waited for.
+        if let Some(hooks) = self.cached(ws) {
+            return Ok(hooks);
+        }
+        #[cfg(test)]
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let hooks = Arc::new(self.store.list_webhooks(ws, MAX_PER_WORKSPACE).await?);
         let mut cache = self.cache.lock().map_err(|_| Error::internal("webhook cache poisoned"))?;
         cache.insert(ws.to_owned(), (Instant::now(), Arc::clone(&hooks)));
@@ -630,7 +653,29 @@ fn backoff(base: Duration, attempt: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_that_find_the_cache_stale_together_read_the_store_once() {
+        let (store, _dir) = crate::store::embedded::temp_store();
+        let webhooks =
+            Webhooks::new(Arc::new(store), Arc::new(Config::default()), Arc::new(Metrics::new()));
+        let calls: Vec<_> = (0..50)
+            .map(|_| {
+                let webhooks = Arc::clone(&webhooks);
+                tokio::spawn(async move { webhooks.webhooks_of("ws_a").await.map(|h| h.len()) })
+            })
+            .collect();
+        for call in calls {
+            assert_eq!(call.await.unwrap().unwrap(), 0);
+        }
+        assert_eq!(webhooks.reads.load(Ordering::Relaxed), 1);
+        // Another workspace has a cache entry of its own.
+        webhooks.webhooks_of("ws_b").await.unwrap();
+        assert_eq!(webhooks.reads.load(Ordering::Relaxed), 2);
+    }
 
     #[test]
     fn backoff_doubles_with_bounded_jitter() {

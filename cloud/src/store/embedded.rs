@@ -1033,7 +1033,7 @@ impl Store for EmbeddedStore {
 /// A store in a temporary directory that lives as long as the store is
 /// used: what the store's tests open.
 #[cfg(test)]
-fn temp_store() -> (EmbeddedStore, tempfile::TempDir) {
+pub(crate) fn temp_store() -> (EmbeddedStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).expect("open store");
     (store, dir)
