@@ -105,6 +105,11 @@ pub struct Webhooks {
     /// Deliveries this process is carrying on, so that a resume pass never
     /// starts a second copy of one.
     in_flight: Mutex<HashSet<String>>,
+    /// Deliveries over whose end the store failed to record (id to
+    /// workspace): a resume pass marks them again instead of sending them
+    /// again, so a store refusing writes cannot make a delivered event go
+    /// out once a pass.
+    unmarked: Mutex<HashMap<String, String>>,
 }
 
 impl Webhooks {
@@ -121,6 +126,7 @@ impl Webhooks {
             sending: Semaphore::new(MAX_SENDING),
             instance: crate::ids::new_id("proc"),
             in_flight: Mutex::new(HashSet::new()),
+            unmarked: Mutex::new(HashMap::new()),
         })
     }
 
@@ -288,6 +294,13 @@ impl Webhooks {
     }
 
     async fn resume_once(self: &Arc<Self>) {
+        let unmarked: Vec<(String, String)> = match self.unmarked.lock() {
+            Ok(unmarked) => unmarked.iter().map(|(id, ws)| (id.clone(), ws.clone())).collect(),
+            Err(_) => Vec::new(),
+        };
+        for (id, ws) in &unmarked {
+            self.finish(ws, id).await;
+        }
         let pending = match self.store.pending_deliveries(MAX_OUTSTANDING).await {
             Ok(pending) => pending,
             Err(error) => {
@@ -298,7 +311,10 @@ impl Webhooks {
         let shared = self.store.shared_between_processes();
         let mut resumed = 0usize;
         for (ws, pending) in pending {
-            if self.in_flight.lock().map_or(true, |f| f.contains(&pending.delivery_id)) {
+            let id = &pending.delivery_id;
+            if self.in_flight.lock().map_or(true, |f| f.contains(id))
+                || self.unmarked.lock().map_or(true, |u| u.contains_key(id))
+            {
                 continue;
             }
             if shared && pending.owner != self.instance && pending.held_until > crate::now_ms() {
@@ -473,8 +489,16 @@ impl Webhooks {
     }
 
     async fn finish(&self, ws: &str, delivery_id: &str) {
-        if let Err(error) = self.store.finish_pending_delivery(ws, delivery_id).await {
-            tracing::warn!(%error, delivery = %delivery_id, "finished webhook delivery not marked; a restart may send it again");
+        let marked = self.store.finish_pending_delivery(ws, delivery_id).await;
+        if let Ok(mut unmarked) = self.unmarked.lock() {
+            if marked.is_ok() {
+                unmarked.remove(delivery_id);
+            } else {
+                unmarked.insert(delivery_id.to_owned(), ws.to_owned());
+            }
+        }
+        if let Err(error) = marked {
+            tracing::warn!(%error, delivery = %delivery_id, "finished webhook delivery not marked; the next pass tries again, a restart may send it again");
         }
     }
 
@@ -656,6 +680,43 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_delivery_whose_end_was_not_recorded_is_marked_again_not_sent_again() {
+        let (store, _dir) = crate::store::embedded::temp_store();
+        let store: Arc<dyn Store> = Arc::new(store);
+        let webhooks = Webhooks::new(
+            Arc::clone(&store),
+            Arc::new(Config::default()),
+            Arc::new(Metrics::new()),
+        );
+        let pending = PendingDelivery {
+            delivery_id: "whd_1".into(),
+            webhook_id: "whk_1".into(),
+            event: ENFORCEMENT_DECIDED.into(),
+            subject: "rcp_1".into(),
+            payload: "{}".into(),
+            attempts: 1,
+            due_at: 0,
+            owner: String::new(),
+            held_until: 0,
+        };
+        let hook = Webhook {
+            id: "whk_1".into(),
+            url: "https://127.0.0.1:9/hook".into(),
+            events: vec![ENFORCEMENT_DECIDED.into()],
+            secret: "whsec-0123456789abcdef".into(),
+            created_at: 0,
+        };
+        store.insert_webhook("ws_a", &hook).await.unwrap();
+        store.save_pending_delivery("ws_a", &pending).await.unwrap();
+        // Delivered, but the store refused to record the end.
+        webhooks.unmarked.lock().unwrap().insert("whd_1".into(), "ws_a".into());
+        webhooks.resume_once().await;
+        assert_eq!(webhooks.outstanding(), 0, "not resumed");
+        assert!(store.pending_deliveries(10).await.unwrap().is_empty(), "marked this time");
+        assert!(webhooks.unmarked.lock().unwrap().is_empty());
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_that_find_the_cache_stale_together_read_the_store_once() {
