@@ -74,3 +74,19 @@ if ! python3 -c 'import chdb, botocore' >/dev/null 2>&1; then
   python3 -m pip install --quiet chdb botocore 2>/dev/null \
     || python3 -m pip install --quiet --break-system-packages chdb botocore
 fi
+
+# From npm: the TypeScript compiler checks the JavaScript SDK's hand-written
+# index.d.ts against its README's usage (cloud/sdk/js/types/check.ts, run by
+# tests/tests/sdks.rs). Debian 12's node-typescript is 4.8, and the check
+# is written against TypeScript 5, so it comes from npm (which Debian's
+# nodejs package does not bring, hence the fallback).
+if ! command -v tsc >/dev/null 2>&1; then
+  echo "installing test dependencies: typescript@5 (npm)"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if ! command -v npm >/dev/null 2>&1; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends npm
+  fi
+  $sudo npm install --global --silent --no-audit --no-fund typescript@5
+fi
