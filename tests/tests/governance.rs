@@ -1090,6 +1090,18 @@ async fn proof_trails_export_verify_and_push(backend: Backend) {
     let (status, _) =
         post(&client, &cloud, key, "/api/proof-event-trails/export", &json!({"title": "x"})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // Evidence alone is a packet of its own, and verifies.
+    let photos = json!({"title": "Dock 3 delivery",
+        "evidence": [{"kind": "photo", "sha256": "cd34"}, {"kind": "signature", "by": "ann"}]});
+    let (status, only) =
+        post(&client, &cloud, key, "/api/proof-event-trails/export", &photos).await;
+    assert_eq!(status, StatusCode::CREATED, "{only}");
+    let trail = &only["proofTrail"];
+    assert_eq!(trail["itemCount"], 2, "{only}");
+    assert_eq!(trail["items"][1]["id"], "evidence-0001");
+    let path = format!("/api/proof-event-trails/{}/verify", trail["id"].as_str().unwrap());
+    let (_, verified) = get(&client, &cloud, key, &path).await;
+    assert_eq!(verified["valid"], true, "{verified}");
     let (status, _) = post(
         &client,
         &cloud,

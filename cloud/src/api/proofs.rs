@@ -128,10 +128,16 @@ pub async fn export(
     let decision_ids = ids("decisionIds", &input.decision_ids)?;
     let trace_id = input.trace_id.as_deref().map(|t| text("traceId", t, MAX_TEXT)).transpose()?;
     check_evidence(&input.evidence)?;
-    if receipt_ids.is_empty() && decision_ids.is_empty() && trace_id.is_none() {
+    // Evidence alone is a packet too (photos of a delivery, a signed
+    // checklist): the contract makes every source optional.
+    if receipt_ids.is_empty()
+        && decision_ids.is_empty()
+        && trace_id.is_none()
+        && input.evidence.is_empty()
+    {
         return Err(Error::validation(
             "receiptIds",
-            "name receiptIds, decisionIds or a traceId: there is nothing to prove",
+            "name receiptIds, decisionIds, a traceId or evidence: there is nothing to prove",
         ));
     }
     if input.push_to_external_proof && state.config.governance.proof_url.is_none() {
