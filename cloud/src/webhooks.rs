@@ -33,6 +33,7 @@
 //! default); [`Webhooks::prune_log`] deletes what is older.
 
 use std::collections::{HashMap, HashSet};
+#[cfg(test)]
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -97,13 +98,13 @@ pub struct Webhooks {
     /// Store reads of webhook lists, for the test of the above.
     #[cfg(test)]
     reads: AtomicUsize,
-    outstanding: AtomicUsize,
     sending: Semaphore,
     /// This process among those sharing the store: the owner written in
     /// the deliveries it holds.
     instance: String,
-    /// Deliveries this process is carrying on, so that a resume pass never
-    /// starts a second copy of one.
+    /// Deliveries this process is carrying on (sending, or waiting for a
+    /// retry): at most [`MAX_OUTSTANDING`], and never a second copy of one
+    /// started by a resume pass.
     in_flight: Mutex<HashSet<String>>,
     /// Deliveries over whose end the store failed to record (id to
     /// workspace): a resume pass marks them again instead of sending them
@@ -122,7 +123,6 @@ impl Webhooks {
             refreshing: Mutex::new(HashMap::new()),
             #[cfg(test)]
             reads: AtomicUsize::new(0),
-            outstanding: AtomicUsize::new(0),
             sending: Semaphore::new(MAX_SENDING),
             instance: crate::ids::new_id("proc"),
             in_flight: Mutex::new(HashSet::new()),
@@ -140,7 +140,7 @@ impl Webhooks {
 
     /// Deliveries sending or waiting for a retry.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.load(Ordering::Relaxed)
+        self.in_flight.lock().map_or(0, |in_flight| in_flight.len())
     }
 
     /// Delivers a `kind` event about `subject` to every webhook of `ws`
@@ -215,11 +215,11 @@ impl Webhooks {
         data: Arc<Value>,
     ) {
         for hook in hooks.iter().filter(|h| h.events.iter().any(|e| e == kind)) {
-            if !self.reserve() {
+            let id = crate::ids::new_id("whd");
+            if !self.reserve(&id) {
                 tracing::warn!(workspace = %ws, webhook = %hook.id, kind, "{MAX_OUTSTANDING} webhook deliveries outstanding; this one is dropped");
                 continue;
             }
-            let id = crate::ids::new_id("whd");
             let now = crate::now_ms();
             let payload = json!({
                 "id": id, "type": kind, "workspaceId": ws, "subject": subject,
@@ -240,19 +240,28 @@ impl Webhooks {
         }
     }
 
-    /// Counts one more outstanding delivery, unless the bound is reached
-    /// (then counts it dropped).
-    fn reserve(&self) -> bool {
-        if self.outstanding.fetch_add(1, Ordering::Relaxed) >= MAX_OUTSTANDING {
-            self.outstanding.fetch_sub(1, Ordering::Relaxed);
+    /// Takes delivery `id` into those this process carries on, unless
+    /// [`MAX_OUTSTANDING`] are already (then counts it dropped).
+    fn reserve(&self, id: &str) -> bool {
+        let Ok(mut in_flight) = self.in_flight.lock() else { return false };
+        if in_flight.len() >= MAX_OUTSTANDING {
+            drop(in_flight);
             self.count("dropped");
             return false;
         }
+        in_flight.insert(id.to_owned());
         true
     }
 
-    /// Sends `pending` in the background (saving it first when new), as
-    /// one of the deliveries this process carries on.
+    /// The delivery is no longer this process's to carry on.
+    fn forget(&self, id: &str) {
+        if let Ok(mut in_flight) = self.in_flight.lock() {
+            in_flight.remove(id);
+        }
+    }
+
+    /// Sends `pending`, reserved already, in the background (saving it
+    /// first when new).
     fn start_delivery(
         self: &Arc<Self>,
         ws: &str,
@@ -261,9 +270,6 @@ impl Webhooks {
         mut pending: PendingDelivery,
         new: bool,
     ) {
-        if let Ok(mut in_flight) = self.in_flight.lock() {
-            in_flight.insert(pending.delivery_id.clone());
-        }
         let (this, ws, hook) = (Arc::clone(self), ws.to_owned(), hook.clone());
         tokio::spawn(async move {
             if new {
@@ -271,10 +277,7 @@ impl Webhooks {
             }
             let id = pending.delivery_id.clone();
             this.deliver(&ws, &hook, kind, pending).await;
-            if let Ok(mut in_flight) = this.in_flight.lock() {
-                in_flight.remove(&id);
-            }
-            this.outstanding.fetch_sub(1, Ordering::Relaxed);
+            this.forget(&id);
         });
     }
 
@@ -334,10 +337,14 @@ impl Webhooks {
                 self.finish(&ws, &pending.delivery_id).await;
                 continue;
             };
-            let Some(pending) = self.claim(&ws, pending, shared).await else { continue };
-            if !self.reserve() {
+            let id = pending.delivery_id.clone();
+            if !self.reserve(&id) {
                 break;
             }
+            let Some(pending) = self.claim(&ws, pending, shared).await else {
+                self.forget(&id);
+                continue;
+            };
             resumed += 1;
             self.count("resumed");
             self.start_delivery(&ws, &hook, kind, pending, false);

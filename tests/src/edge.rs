@@ -214,12 +214,17 @@ impl Gateway {
 
     /// The value of one unlabelled series of `/metrics` (`None`: absent).
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        let metrics = self.metrics().await;
-        metrics.lines().find_map(|line| {
-            let (series, value) = line.split_once(' ')?;
-            (series == name).then(|| value.trim().parse().ok()).flatten()
-        })
+        series_value(&self.metrics().await, name)
     }
+}
+
+/// The value of `series` (its name with any labels, as printed) in a
+/// Prometheus text exposition; `None` when absent.
+pub fn series_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.trim().parse().ok()).flatten()
+    })
 }
 
 /// Polls `check` every 50 ms until it yields a value, for at most `limit`.

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use opgraph_tests::backends::{Backend, BackendCloud};
-use opgraph_tests::edge::eventually;
+use opgraph_tests::edge::{eventually, series_value};
 use opgraph_tests::https_endpoint::{self, Endpoint, header, openssl_hmac};
 use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends, client};
 use reqwest::{Client, Method, StatusCode};
@@ -346,8 +346,8 @@ async fn a_delivery_left_by_a_killed_cloud_is_resumed(backend: Backend) {
 async fn deliveries_counted(client: &Client, cloud: &Cloud, outcome: &str) -> u64 {
     let response = client.get(cloud.at("/metrics")).bearer_auth(TEST_BOOTSTRAP_KEY).send().await;
     let text = response.unwrap().text().await.unwrap();
-    let line = format!("opgraph_webhook_deliveries_total{{outcome=\"{outcome}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.trim().parse().unwrap())
+    let series = format!("opgraph_webhook_deliveries_total{{outcome=\"{outcome}\"}}");
+    series_value(&text, &series).map_or(0, |n| n as u64)
 }
 
 /// Two clouds on one ClickHouse: the one that did not start a delivery

@@ -355,10 +355,9 @@ pub async fn push(
     JsonBody(body): JsonBody,
 ) -> Result<Response> {
     principal.require(Scope::Export)?;
-    let idempotency_key = super::ingest::idempotency_key(&headers)?;
     // A key names one request: the same key with another body is another
     // export, never answered with the first one's receipt.
-    let request_hash = canonical_hash(&body);
+    let keyed = super::ingest::idempotency_key(&headers)?.map(|key| (key, canonical_hash(&body)));
     let input: DestinationExport = parse_body(body)?;
     let kind = check_config(input.destination.trim(), &input.config)?;
     let destination = match (kind, input.config.as_object()) {
@@ -369,16 +368,16 @@ pub async fn push(
     };
     let ws = &principal.workspace_id;
     let now = crate::now_ms();
-    let id = match &idempotency_key {
+    let id = match &keyed {
         // The same id on every try: each destination drops a repeat by it
         // (Idempotency-Key, insertId, ClientToken, requestId, object key).
-        Some(key) => {
-            let named = format!("{ws}\n{key}\n{request_hash}");
+        Some((key, request)) => {
+            let named = format!("{ws}\n{key}\n{request}");
             format!("exp_{}", &sha256_hex(named.as_bytes())[..26])
         }
         None => crate::ids::new_id("exp"),
     };
-    if idempotency_key.is_some()
+    if keyed.is_some()
         && let Some(done) = state.store.get_export_receipt(ws, &id).await?
         && done.status == "succeeded"
         && now - done.created_at < IDEMPOTENCY_WINDOW_MS

@@ -63,7 +63,7 @@ async fn accept(
     headers: &HeaderMap,
     body: Value,
 ) -> Result<IngestResponse> {
-    let idempotency_key = idempotency_key(headers)?.map(|key| IdempotencyKey::new(key, &body));
+    let idempotency_key = keyed_request(headers, &body)?;
     let now = crate::now_ms();
     let events = parse_body(body, now)?;
     let accepted = events.len();
@@ -115,6 +115,12 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
             )
         })?;
     Ok(Some(key.to_owned()))
+}
+
+/// The `Idempotency-Key` with the request it names, for the paths that
+/// store events (`/api/ingest`, `/api/track`).
+pub fn keyed_request(headers: &HeaderMap, body: &Value) -> Result<Option<IdempotencyKey>> {
+    Ok(idempotency_key(headers)?.map(|key| IdempotencyKey::new(key, body)))
 }
 
 /// Validates a single envelope or a batch (the shared rules of

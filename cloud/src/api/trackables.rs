@@ -13,12 +13,11 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
-use super::ingest::{IngestResponse, idempotency_key, parse_body, record};
+use super::ingest::{IngestResponse, keyed_request, parse_body, record};
 use super::{AppState, JsonBody, PathId, optional_str};
 use crate::auth::{Principal, Scope};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::store::IdempotencyKey;
 use crate::store::trackables::{CreateTrackable, Trackable, TrackableUsage};
 use crate::trackables::{self as codes, TrackableKind};
 
@@ -373,7 +372,7 @@ pub async fn track(
     let code = optional_str(&body, "code")?
         .ok_or_else(|| Error::validation("code", "`code` is required"))?;
     bounded("code", code, codes::MAX_EXTERNAL_CODE_LEN)?;
-    let key = idempotency_key(&headers)?.map(|key| IdempotencyKey::new(key, &body));
+    let key = keyed_request(&headers, &body)?;
     let trackable = state
         .store
         .trackable_by_code(&principal.workspace_id, code)
