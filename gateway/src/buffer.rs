@@ -181,7 +181,8 @@ pub enum OverflowPolicy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BufferConfig {
-    /// Directory holding the segment files and the cursor. Default
+    /// Directory holding the segment files and the cursor (and the
+    /// gateway's `buffer-id` and MQTT sources' `*.unacked` lists). Default
     /// `data/buffer`. Put it on a disk that survives reboots, not on tmpfs.
     pub dir: PathBuf,
     /// When an append is durable: `always`, `batch` (default) or `never`.

@@ -162,12 +162,19 @@ pub struct Sources {
 impl Sources {
     /// Builds every source (reading certificates) and starts the embedded
     /// broker, which then accepts devices until the process ends.
-    pub fn build(config: &SourcesConfig, buffer: &Arc<dyn Buffer>) -> Result<Sources> {
+    /// `state_dir` keeps what sources remember across restarts (the
+    /// buffer's directory).
+    pub fn build(
+        config: &SourcesConfig,
+        buffer: &Arc<dyn Buffer>,
+        state_dir: &std::path::Path,
+    ) -> Result<Sources> {
         let broker = config.mqtt_broker.as_ref().map(EmbeddedBroker::start).transpose()?;
         let mut sources = Vec::new();
         let mut health = Vec::new();
         for (i, c) in config.mqtt.iter().enumerate() {
-            let source = MqttSource::build(c, broker.as_ref(), &format!("sources.mqtt[{i}]"))?;
+            let path = format!("sources.mqtt[{i}]");
+            let source = MqttSource::build(c, broker.as_ref(), &path, Some(state_dir))?;
             let h = Arc::new(SourceHealth::new(&c.name, "mqtt"));
             let intake = Intake::new(Arc::clone(buffer), Arc::clone(&h), c.max_clock_skew);
             health.push(h);

@@ -26,6 +26,7 @@ pub struct SourceHealth {
     dropped: AtomicU64,
     clock_skew: AtomicU64,
     throttled: AtomicU64,
+    resent: AtomicU64,
     rejected: Mutex<BTreeMap<&'static str, u64>>,
     last_error: Mutex<Option<String>>,
     /// Ms since the epoch of the last rejection logged as a warning.
@@ -44,6 +45,7 @@ impl SourceHealth {
             dropped: AtomicU64::new(0),
             clock_skew: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
+            resent: AtomicU64::new(0),
             rejected: Mutex::new(BTreeMap::new()),
             last_error: Mutex::new(None),
             last_warning_ms: AtomicI64::new(i64::MIN),
@@ -91,6 +93,12 @@ impl SourceHealth {
         self.throttled.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// `n` messages the broker sent again after they were stored
+    /// (acknowledged, not stored twice).
+    pub fn resent(&self, n: u64) {
+        self.resent.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Whether a rejection at `now_ms` may be logged as a warning: at most
     /// one a second per source.
     pub fn may_warn(&self, now_ms: i64) -> bool {
@@ -128,6 +136,7 @@ impl SourceHealth {
             "dropped_total": self.dropped.load(Ordering::Relaxed),
             "clock_skew_total": self.clock_skew.load(Ordering::Relaxed),
             "throttled_total": self.throttled.load(Ordering::Relaxed),
+            "resent_total": self.resent.load(Ordering::Relaxed),
             "last_error": self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         })
     }
@@ -198,7 +207,7 @@ impl Collector for SourceCollector {
                 ConstGauge::new(read(s)).encode(family.encode_family(&labels(s))?)?;
             }
         }
-        let counters: [Metric<u64>; 5] = [
+        let counters: [Metric<u64>; 6] = [
             ("source_received", "Messages received", |s| s.received.load(Ordering::Relaxed)),
             ("source_accepted", "Events appended durably", |s| s.accepted.load(Ordering::Relaxed)),
             ("source_dropped", "Mapped events the buffer refused for good", |s| {
@@ -209,6 +218,9 @@ impl Collector for SourceCollector {
             }),
             ("source_throttled", "Messages held back by a rule's throttle", |s| {
                 s.throttled.load(Ordering::Relaxed)
+            }),
+            ("source_resent", "Messages sent again by the broker after they were stored", |s| {
+                s.resent.load(Ordering::Relaxed)
             }),
         ];
         for (name, help, read) in counters {

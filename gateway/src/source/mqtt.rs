@@ -10,14 +10,17 @@
 //! then acknowledges each message (`set_manual_acks(true)`, then
 //! `client.ack`) in the order received. A crash before the append returns
 //! leaves the messages unacknowledged: the broker sends them again on the
-//! next session (at least once; the cloud keeps what it got, so a
-//! redelivered message can be stored twice under two ids).
+//! next session. A crash or a lost connection after the append and before
+//! the broker got the acks makes it send again messages already stored;
+//! `mqtt/redelivery.rs` recognises those and acknowledges them without
+//! storing them twice.
 
 pub mod broker;
 pub mod ingest;
+mod redelivery;
 mod session;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +40,7 @@ use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::uplink::Secret;
 use broker::EmbeddedBroker;
+use redelivery::{Fingerprint, Redelivery};
 use session::{Message, Options, Poller};
 
 /// `broker` value naming the embedded broker.
@@ -262,15 +266,28 @@ pub struct MqttSource {
     rules: RuleSet,
     batch_max: usize,
     backoff: Backoff,
+    /// Where the messages that may come again are kept across restarts;
+    /// `None` when nothing comes again (QoS 0, a clean session) or there
+    /// is no directory to keep them in.
+    redelivery_file: Option<PathBuf>,
+    /// Whether to recognise messages sent again (QoS 1, persistent session).
+    redelivered: bool,
+    /// Stop after storing the first batch, without its acks, as a crash
+    /// would.
+    #[cfg(test)]
+    crash_before_acks: bool,
 }
 
 impl MqttSource {
     /// Builds the client options (reading certificates) and the rules.
-    /// `path` is the config key (`sources.mqtt[0]`) for errors.
+    /// `path` is the config key (`sources.mqtt[0]`) for errors; `state_dir`
+    /// the directory that keeps the source's state across restarts (the
+    /// buffer's).
     pub fn build(
         config: &MqttSourceConfig,
         embedded: Option<&EmbeddedBroker>,
         path: &str,
+        state_dir: Option<&Path>,
     ) -> Result<MqttSource> {
         let invalid = |p: String| Error::InvalidConfig { problems: vec![format!("{path}.{p}")] };
         let rules = RuleSet::compile(&config.rules, "rules").map_err(|p| Error::InvalidConfig {
@@ -347,6 +364,7 @@ impl MqttSource {
         } else {
             config.subscriptions.clone()
         };
+        let redelivered = config.qos == 1 && !config.clean_session;
         Ok(MqttSource {
             name: config.name.clone(),
             options,
@@ -355,6 +373,12 @@ impl MqttSource {
             rules,
             batch_max: config.batch_max,
             backoff: Backoff::new(config.backoff_initial, config.backoff_max),
+            redelivery_file: state_dir
+                .filter(|_| redelivered)
+                .map(|dir| Redelivery::path(dir, &config.name)),
+            redelivered,
+            #[cfg(test)]
+            crash_before_acks: false,
         })
     }
 }
@@ -394,6 +418,10 @@ impl Source for MqttSource {
 
     async fn run(self: Box<Self>, intake: Intake, shutdown: CancellationToken) -> Result<()> {
         let this = *self;
+        let redelivery = Arc::new(match &this.redelivery_file {
+            Some(path) => Redelivery::open(path, &this.name),
+            None => Redelivery::in_memory(),
+        });
         let (tx, mut rx) = mpsc::channel::<Message>(this.batch_max.saturating_mul(2));
         let stop_polling = CancellationToken::new();
         let poller = Poller {
@@ -404,25 +432,40 @@ impl Source for MqttSource {
             backoff: this.backoff.clone(),
             shutdown: shutdown.clone(),
             stop: stop_polling.clone(),
+            redelivery: Arc::clone(&redelivery),
+            connections: 0,
         };
         let (client, mut poller) = session::start(this.options.clone(), REQUEST_CAPACITY, poller);
         let mut backoff = this.backoff.clone();
         let mut batch = Vec::with_capacity(this.batch_max);
-        loop {
+        'receive: loop {
             batch.clear();
             tokio::select! {
                 n = rx.recv_many(&mut batch, this.batch_max) => if n == 0 { break },
                 () = shutdown.cancelled() => break,
             }
-            let messages = batch.iter().map(|m| (m.topic.as_str(), &m.payload[..]));
-            let acknowledge =
-                process(&this.rules, &intake, messages, &mut backoff, &shutdown).await;
-            if !acknowledge {
-                break;
-            }
-            for message in &batch {
-                if !client.ack(&message.ack).await {
-                    break;
+            // What came before a reconnect is remembered before the first
+            // message after it is looked at.
+            for run in batch.chunk_by(|a, b| a.connection == b.connection) {
+                let acknowledge = if this.redelivered {
+                    handle_resends(&this, &intake, &redelivery, run, &mut backoff, &shutdown).await
+                } else {
+                    let messages = run.iter().map(|m| (m.topic.as_str(), &m.payload[..]));
+                    process(&this.rules, &intake, messages, &mut backoff, &shutdown).await
+                };
+                if !acknowledge {
+                    break 'receive;
+                }
+                #[cfg(test)]
+                if this.crash_before_acks {
+                    stop_polling.cancel();
+                    let _ = poller.await;
+                    return Ok(());
+                }
+                for message in run {
+                    if !client.ack(&message.ack).await {
+                        break 'receive;
+                    }
                 }
             }
         }
@@ -438,6 +481,38 @@ impl Source for MqttSource {
         tracing::info!(source = %this.name, "MQTT source stopped");
         Ok(())
     }
+}
+
+/// [`process`] for the messages of one connection that are not resends of
+/// stored ones; then remembers them all until their acks are written.
+/// `true` when they may be acknowledged.
+async fn handle_resends(
+    source: &MqttSource,
+    intake: &Intake,
+    redelivery: &Redelivery,
+    run: &[Message],
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> bool {
+    let Some(connection) = run.first().map(|m| m.connection) else { return true };
+    let fingerprints: Vec<Fingerprint> =
+        run.iter().map(|m| Fingerprint::of(&m.topic, &m.payload)).collect();
+    let resent = redelivery.resent(connection, fingerprints.iter().copied());
+    let n_resent = resent.iter().filter(|r| **r).count();
+    let fresh = run
+        .iter()
+        .zip(&resent)
+        .filter(|(_, resent)| !**resent)
+        .map(|(m, _)| (m.topic.as_str(), &m.payload[..]));
+    if !process(&source.rules, intake, fresh, backoff, shutdown).await {
+        return false;
+    }
+    if n_resent > 0 {
+        intake.health().resent(n_resent as u64);
+        tracing::info!(source = %source.name, n = n_resent, "the broker sent again messages already stored: acknowledged, not stored twice");
+    }
+    redelivery.acknowledging(connection, run.iter().map(|m| m.pkid).zip(fingerprints));
+    true
 }
 
 /// Maps and appends one batch; `true` when its messages may be
@@ -492,6 +567,9 @@ async fn process<'a>(
         }
     }
 }
+
+#[cfg(test)]
+mod resend_tests;
 
 #[cfg(test)]
 mod tests {

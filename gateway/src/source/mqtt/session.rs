@@ -5,7 +5,8 @@
 //!
 //! The poller drives the event loop: connects, subscribes on every
 //! CONNACK, reconnects after errors with capped exponential backoff and
-//! writes the acks the processor queues. "Connected" in health means
+//! writes the acks the processor queues (telling [`Redelivery`] of each
+//! one written). "Connected" in health means
 //! connected and subscribed (SUBACK seen): from then on the broker keeps
 //! messages for the session.
 
@@ -20,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::redelivery::Redelivery;
 use crate::backoff::Backoff;
 use crate::source::SourceHealth;
 
@@ -47,6 +49,10 @@ pub enum Ack {
 pub struct Message {
     pub topic: String,
     pub payload: Bytes,
+    /// The broker's packet id (0 for QoS 0).
+    pub pkid: u16,
+    /// Which connection brought it, counted from 1.
+    pub connection: u64,
     pub ack: Ack,
 }
 
@@ -81,6 +87,10 @@ pub struct Poller {
     pub shutdown: CancellationToken,
     /// Stop polling at once (after the ack flush timed out).
     pub stop: CancellationToken,
+    /// Told of every connection and every PUBACK written.
+    pub redelivery: Arc<Redelivery>,
+    /// Connections so far.
+    pub connections: u64,
 }
 
 /// Starts the client and its poller.
@@ -106,6 +116,8 @@ pub fn start(
 impl Poller {
     fn connected(&mut self, session_present: bool) {
         tracing::info!(source = %self.health.name, session_present, "connected to the MQTT broker");
+        self.connections += 1;
+        self.redelivery.connected(self.connections, session_present);
         self.backoff.reset();
         if self.filters.is_empty() {
             self.health.set_connected(true);
@@ -170,10 +182,13 @@ async fn poll_v4(mut eventloop: rumqttc::EventLoop, client: rumqttc::AsyncClient
                 let message = Message {
                     topic: publish.topic.clone(),
                     payload: publish.payload.clone(),
+                    pkid: publish.pkid,
+                    connection: p.connections,
                     ack: Ack::V4(publish),
                 };
                 p.deliver(message).await;
             }
+            Ok(Event::Outgoing(Outgoing::PubAck(pkid))) => p.redelivery.ack_written(pkid),
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(_) => {}
             Err(rumqttc::ConnectionError::RequestsDone) => return,
@@ -214,10 +229,13 @@ async fn poll_v5(mut eventloop: v5::EventLoop, client: v5::AsyncClient, mut p: P
                 let message = Message {
                     topic: String::from_utf8_lossy(&publish.topic).into_owned(),
                     payload: publish.payload.clone(),
+                    pkid: publish.pkid,
+                    connection: p.connections,
                     ack: Ack::V5(publish),
                 };
                 p.deliver(message).await;
             }
+            Ok(Event::Outgoing(Outgoing::PubAck(pkid))) => p.redelivery.ack_written(pkid),
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(_) => {}
             Err(v5::ConnectionError::RequestsDone) => return,

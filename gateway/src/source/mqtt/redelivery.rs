@@ -1,0 +1,432 @@
+//! Recognises the messages a broker sends again although they are stored
+//! already, so that a crash or a lost connection between our append and
+//! the broker getting our PUBACK does not store them twice.
+//!
+//! A QoS 1 broker sends again, first thing on the next connection of the
+//! session, what it has not seen acknowledged: Mosquitto the same messages
+//! with their packet ids, rumqttd everything from the oldest
+//! unacknowledged one with new packet ids. Either way the copies are equal
+//! in topic and payload. So we remember every message from the moment it
+//! is stored (or otherwise decided) until rumqttc reports its PUBACK
+//! written to the socket. Those not written when a connection ends (or
+//! listed in the file the last run left) may come again on the next: each
+//! message arriving there equal to one of them is acknowledged and not
+//! stored; the first one that is not ends the resent run.
+//!
+//! The file is rewritten, without fsync, before each batch's acks are
+//! queued and when the last ack is written. Since it is written only after
+//! the append returned, it never names a message that is not stored. What
+//! it misses leaves delivery at least once, as without it: a crash during
+//! the append (its records survive, unacknowledged) or between the append
+//! and the file write, a power cut (the file is not synced), PUBACKs
+//! written to the socket but lost with the connection. What it names in
+//! excess (acks written since its last write) matters only if a device
+//! sends, as the first message after a restart, one byte for byte equal
+//! to one of them: that message would be taken for a resend.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Most messages remembered; beyond it the oldest are forgotten (they
+/// would be stored again if resent). Brokers send far fewer
+/// unacknowledged messages at once (Mosquitto 20, rumqttd 100, MQTT 5 our
+/// receive maximum of 1000).
+const MAX_REMEMBERED: usize = 65_536;
+
+/// The file's first bytes, naming its format.
+const MAGIC: &[u8; 4] = b"OGR1";
+
+/// A message's identity: its payload length and a CRC-32C of topic and
+/// payload. Topics cannot hold NUL, which separates the two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint(u64);
+
+impl Fingerprint {
+    pub fn of(topic: &str, payload: &[u8]) -> Fingerprint {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(topic.as_bytes()), &[0]);
+        let crc = crc32c::crc32c_append(crc, payload);
+        Fingerprint(((payload.len() as u64) << 32) | u64::from(crc))
+    }
+}
+
+/// Messages that may come again, shared by the processor (which stores
+/// and acknowledges) and the poller (which sees the acks written).
+#[derive(Debug)]
+pub struct Redelivery {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Messages whose PUBACK may not have reached the broker, from
+    /// earlier connections or runs, with the first connection on which
+    /// they may come again.
+    expected: VecDeque<(u64, Fingerprint)>,
+    /// Messages of the current connection acknowledged (or about to be),
+    /// by packet id, whose PUBACK was not yet written.
+    unacked: VecDeque<(u16, Fingerprint)>,
+    file: Option<File>,
+    /// The file names no message (saves rewriting it empty).
+    file_empty: bool,
+    /// The current connection, counted from 1 by the poller (0: none yet).
+    connection: u64,
+    /// Whether the broker kept the session for it.
+    session_present: bool,
+}
+
+impl Redelivery {
+    /// Remembers in memory only (lost connections, not restarts).
+    pub fn in_memory() -> Redelivery {
+        Redelivery::with(VecDeque::new(), None)
+    }
+
+    /// Remembers in `path` too, starting with what the last run left
+    /// there. A file that cannot be read or written is logged and leaves
+    /// delivery at least once; it never stops the source.
+    pub fn open(path: &Path, source: &str) -> Redelivery {
+        let expected = match std::fs::read(path) {
+            Ok(bytes) => decode(&bytes).unwrap_or_else(|| {
+                tracing::warn!(%source, path = %path.display(), "unreadable list of unacknowledged messages: ignored (they may be stored twice)");
+                VecDeque::new()
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => VecDeque::new(),
+            Err(e) => {
+                tracing::warn!(%source, path = %path.display(), error = %e, "cannot read the list of unacknowledged messages (they may be stored twice)");
+                VecDeque::new()
+            }
+        };
+        if !expected.is_empty() {
+            tracing::info!(%source, n = expected.len(), "the broker may send again messages stored before the last stop; they will not be stored twice");
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| {
+                tracing::warn!(%source, path = %path.display(), error = %e, "cannot keep the list of unacknowledged messages: after a crash they may be stored twice");
+            })
+            .ok();
+        Redelivery::with(expected, file)
+    }
+
+    fn with(expected: VecDeque<Fingerprint>, file: Option<File>) -> Redelivery {
+        let state = State {
+            file_empty: expected.is_empty(),
+            expected: expected.into_iter().map(|f| (1, f)).collect(),
+            unacked: VecDeque::new(),
+            file,
+            connection: 0,
+            session_present: true,
+        };
+        Redelivery { state: Mutex::new(state) }
+    }
+
+    /// Where a source keeps its list: in `dir`, named after the source
+    /// (made file-safe, with a hash of the name against collisions).
+    pub fn path(dir: &Path, source: &str) -> PathBuf {
+        let safe: String = source
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .take(64)
+            .collect();
+        dir.join(format!("mqtt-{safe}-{:08x}.unacked", crc32c::crc32c(source.as_bytes())))
+    }
+
+    /// The poller got CONNACK for `connection`: what was not written on
+    /// earlier ones may come again on it, unless the broker kept no session
+    /// (`session_present = false`), when nothing comes again.
+    pub fn connected(&self, connection: u64, session_present: bool) {
+        let mut state = self.lock();
+        state.connection = connection;
+        state.session_present = session_present;
+        if !session_present {
+            state.expected.clear();
+            state.unacked.clear();
+            return;
+        }
+        let unacked = std::mem::take(&mut state.unacked);
+        state.expected.extend(unacked.into_iter().map(|(_, f)| (connection, f)));
+    }
+
+    /// For each message of `connection`, in order: `true` when it is a
+    /// resend of one already stored. A resent run comes first on a
+    /// connection: the first message that is not a resend ends it, and
+    /// what was expected on that connection is forgotten.
+    pub fn resent(
+        &self,
+        connection: u64,
+        fingerprints: impl IntoIterator<Item = Fingerprint>,
+    ) -> Vec<bool> {
+        let mut state = self.lock();
+        let due = |from: u64| from <= connection;
+        fingerprints
+            .into_iter()
+            .map(|f| {
+                if !state.expected.iter().any(|(from, _)| due(*from)) {
+                    return false;
+                }
+                match state.expected.iter().position(|(from, e)| due(*from) && *e == f) {
+                    Some(i) => {
+                        state.expected.remove(i);
+                        true
+                    }
+                    None => {
+                        state.expected.retain(|(from, _)| !due(*from));
+                        false
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// These messages of `connection` are stored (or decided) and their
+    /// acks are about to be queued: remembered until their PUBACKs are
+    /// written, or, when a newer connection has started meanwhile, until
+    /// they come again on it. Packet id 0 (QoS 0, when the broker granted
+    /// no more) is never sent again.
+    pub fn acknowledging(
+        &self,
+        connection: u64,
+        messages: impl IntoIterator<Item = (u16, Fingerprint)>,
+    ) {
+        let mut state = self.lock();
+        let messages = messages.into_iter().filter(|(pkid, _)| *pkid != 0);
+        if connection >= state.connection {
+            state.unacked.extend(messages);
+        } else if state.session_present {
+            let current = state.connection;
+            state.expected.extend(messages.map(|(_, f)| (current, f)));
+        }
+        let excess = (state.expected.len() + state.unacked.len()).saturating_sub(MAX_REMEMBERED);
+        let from_expected = excess.min(state.expected.len());
+        state.expected.drain(..from_expected);
+        state.unacked.drain(..excess - from_expected);
+        state.persist();
+    }
+
+    /// rumqttc wrote the PUBACK of `pkid` (and, being in order, those
+    /// before it).
+    pub fn ack_written(&self, pkid: u16) {
+        let mut state = self.lock();
+        if let Some(i) = state.unacked.iter().position(|(p, _)| *p == pkid) {
+            state.unacked.drain(..=i);
+            if state.unacked.is_empty() {
+                state.persist();
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[cfg(test)]
+    pub(super) fn remembered(&self) -> usize {
+        let state = self.lock();
+        state.expected.len() + state.unacked.len()
+    }
+}
+
+impl State {
+    /// Writes `expected` and `unacked` to the file, in one write (a torn
+    /// one fails its checksum and is ignored on reading).
+    fn persist(&mut self) {
+        let empty = self.expected.is_empty() && self.unacked.is_empty();
+        let Some(file) = &self.file else { return };
+        if empty && self.file_empty {
+            return;
+        }
+        let fingerprints =
+            self.expected.iter().map(|(_, f)| f).chain(self.unacked.iter().map(|(_, f)| f));
+        let bytes = encode(fingerprints, self.expected.len() + self.unacked.len());
+        match file.write_all_at(&bytes, 0) {
+            Ok(()) => self.file_empty = empty,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write the list of unacknowledged messages: after a crash they may be stored twice");
+                self.file = None;
+            }
+        }
+    }
+}
+
+/// Magic, count (u32 LE), the fingerprints (u64 LE), CRC-32C of all that.
+/// Whatever follows (an older, longer list) is ignored.
+fn encode<'a>(fingerprints: impl Iterator<Item = &'a Fingerprint>, n: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(12 + 8 * n);
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
+    for f in fingerprints {
+        bytes.extend_from_slice(&f.0.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&bytes);
+    bytes.extend_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// `None` for anything [`encode`] did not write.
+fn decode(bytes: &[u8]) -> Option<VecDeque<Fingerprint>> {
+    if bytes.is_empty() {
+        return Some(VecDeque::new());
+    }
+    let n = usize::try_from(u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?)).ok()?;
+    if bytes.get(..4)? != MAGIC || n > MAX_REMEMBERED {
+        return None;
+    }
+    let end = 8 + 8 * n;
+    let crc = u32::from_le_bytes(bytes.get(end..end + 4)?.try_into().ok()?);
+    if crc32c::crc32c(&bytes[..end]) != crc {
+        return None;
+    }
+    Some(
+        bytes[8..end]
+            .chunks_exact(8)
+            .filter_map(|c| c.try_into().ok().map(|c| Fingerprint(u64::from_le_bytes(c))))
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp(payload: &str) -> Fingerprint {
+        Fingerprint::of("t", payload.as_bytes())
+    }
+
+    fn fps(payloads: &[&str]) -> Vec<Fingerprint> {
+        payloads.iter().map(|p| fp(p)).collect()
+    }
+
+    #[test]
+    fn fingerprints_tell_topic_from_payload() {
+        assert_ne!(Fingerprint::of("ab", b"c"), Fingerprint::of("a", b"bc"));
+        assert_ne!(Fingerprint::of("t", b"1"), Fingerprint::of("t", b"2"));
+        assert_eq!(Fingerprint::of("t", b"1"), Fingerprint::of("t", b"1"));
+    }
+
+    #[test]
+    fn after_a_reconnect_the_unacknowledged_are_recognised_once_then_the_run_ends() {
+        let r = Redelivery::in_memory();
+        r.connected(1, false);
+        assert_eq!(r.resent(1, fps(&["a", "b", "c", "d"])), [false; 4]);
+        r.acknowledging(1, [(1, fp("a")), (2, fp("b")), (3, fp("c")), (4, fp("d"))]);
+        r.ack_written(1);
+        // The connection is lost with b, c and d unacknowledged; c's ack
+        // got through, so Mosquitto sends b and d again, then new ones.
+        r.connected(2, true);
+        assert_eq!(r.resent(2, fps(&["b", "d", "b", "e"])), [true, true, false, false]);
+        // The run ended at the new "b": c is forgotten, a later d is new.
+        assert_eq!(r.resent(2, fps(&["c", "d"])), [false, false]);
+    }
+
+    #[test]
+    fn messages_of_the_old_connection_handled_after_the_reconnect_are_expected_on_the_new() {
+        let r = Redelivery::in_memory();
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a"))]);
+        r.connected(2, true);
+        // Still in the processor's queue when the connection changed: b,
+        // and an "a" equal to the one expected, which is no resend on its
+        // own connection.
+        assert_eq!(r.resent(1, fps(&["b", "a"])), [false, false]);
+        r.acknowledging(1, [(2, fp("b")), (3, fp("a"))]);
+        // Its ack, written on the new connection, does not end that.
+        r.ack_written(3);
+        assert_eq!(r.resent(2, fps(&["a", "b", "a", "a"])), [true, true, true, false]);
+    }
+
+    #[test]
+    fn a_new_session_or_a_written_ack_expects_nothing() {
+        let r = Redelivery::in_memory();
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a")), (2, fp("b"))]);
+        r.ack_written(2);
+        r.connected(2, true);
+        assert_eq!(r.resent(2, fps(&["a", "b"])), [false, false]);
+
+        r.acknowledging(2, [(3, fp("c"))]);
+        r.connected(3, false);
+        assert_eq!(r.resent(3, fps(&["c"])), [false]);
+        // Without a session, late messages of an old connection are not
+        // expected either.
+        r.acknowledging(2, [(4, fp("d"))]);
+        assert_eq!(r.remembered(), 0);
+        // QoS 0 messages are not remembered: no PUBACK would end them.
+        r.acknowledging(3, [(5, fp("x")), (0, fp("y"))]);
+        assert_eq!(r.remembered(), 1);
+    }
+
+    #[test]
+    fn what_a_crash_leaves_is_expected_by_the_next_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Redelivery::path(dir.path(), "floor/1 readers");
+        assert!(path.file_name().unwrap().to_str().unwrap().starts_with("mqtt-floor_1_readers-"));
+        let r = Redelivery::open(&path, "s");
+        r.connected(1, true);
+        r.acknowledging(1, [(7, fp("a")), (8, fp("b")), (9, fp("c"))]);
+        r.ack_written(7);
+        drop(r); // the crash: b's and c's acks never written
+
+        let r = Redelivery::open(&path, "s");
+        r.connected(1, true);
+        assert_eq!(r.resent(1, fps(&["b"])), [true]);
+        // The resend is remembered again until its ack is written: a
+        // second crash now would still recognise b and c.
+        r.acknowledging(1, [(1, fp("b"))]);
+        drop(r);
+        let r = Redelivery::open(&path, "s");
+        r.connected(1, true);
+        assert_eq!(r.resent(1, fps(&["b", "c", "c"])), [true, true, false]);
+        r.acknowledging(1, [(1, fp("b")), (2, fp("c")), (3, fp("c"))]);
+        r.ack_written(3);
+        drop(r);
+        // All acks written: nothing expected.
+        let r = Redelivery::open(&path, "s");
+        assert_eq!(r.remembered(), 0);
+        // A broker that lost the session sends nothing again.
+        r.acknowledging(0, [(1, fp("a"))]);
+        drop(r);
+        let r = Redelivery::open(&path, "s");
+        r.connected(1, false);
+        assert_eq!(r.resent(1, fps(&["a"])), [false]);
+    }
+
+    #[test]
+    fn a_damaged_file_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list");
+        let r = Redelivery::open(&path, "s");
+        r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
+        drop(r);
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert_eq!(decode(&bytes).unwrap().len(), 2);
+        bytes[10] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(Redelivery::open(&path, "s").remembered(), 0);
+        for bad in [&b"OGR1"[..], b"OGR1\xff\xff\xff\xff", b"XXXX\0\0\0\0\0\0\0\0", &bytes[..13]] {
+            assert!(decode(bad).is_none(), "{bad:?}");
+        }
+        // A shorter list over a longer one: the tail is ignored.
+        let r = Redelivery::open(&path, "s");
+        r.acknowledging(0, [(1, fp("a")), (2, fp("b")), (3, fp("c"))]);
+        r.ack_written(2);
+        r.acknowledging(0, [(4, fp("d"))]);
+        drop(r);
+        let list = decode(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(Vec::from(list), fps(&["c", "d"]));
+    }
+
+    #[test]
+    fn memory_is_bounded() {
+        let r = Redelivery::in_memory();
+        for i in 0..3u16 {
+            r.acknowledging(0, (1..30_001u16).map(|p| (p, fp(&format!("{i}-{p}")))));
+        }
+        assert_eq!(r.remembered(), MAX_REMEMBERED);
+    }
+}
