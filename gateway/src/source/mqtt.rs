@@ -11,7 +11,7 @@
 //! `client.ack`) in the order received. A crash before the append returns
 //! leaves the messages unacknowledged: the broker sends them again on the
 //! next session. A crash or a lost connection after the append and before
-//! the broker got the acks makes it send again messages already stored;
+//! the broker read the acks makes it send again messages already stored;
 //! `mqtt/redelivery.rs` recognises those and acknowledges them without
 //! storing them twice.
 
@@ -267,10 +267,11 @@ pub struct MqttSource {
     batch_max: usize,
     backoff: Backoff,
     /// Where the messages that may come again are kept across restarts;
-    /// `None` when nothing comes again (QoS 0, a clean session) or there
-    /// is no directory to keep them in.
+    /// `None` when they are not looked for or there is no directory to
+    /// keep them in.
     redelivery_file: Option<PathBuf>,
-    /// Whether to recognise messages sent again (QoS 1, persistent session).
+    /// Whether to recognise messages sent again (QoS 1, a persistent
+    /// session, an external broker).
     redelivered: bool,
     /// Stop after storing the first batch, without its acks, as a crash
     /// would.
@@ -294,6 +295,7 @@ impl MqttSource {
             problems: p.into_iter().map(|p| format!("{path}.{p}")).collect(),
         })?;
         let endpoint = parse_broker(&config.broker).map_err(|e| invalid(format!("broker: {e}")))?;
+        let external = endpoint != Endpoint::Embedded;
         let client_id = if config.client_id.is_empty() {
             format!("opgraph-{}", config.name)
         } else {
@@ -364,7 +366,10 @@ impl MqttSource {
         } else {
             config.subscriptions.clone()
         };
-        let redelivered = config.qos == 1 && !config.clean_session;
+        // rumqttd, the embedded broker, stops with the gateway (it keeps
+        // nothing to send again after a crash) and answers no UNSUBSCRIBE of
+        // a filter never subscribed (the barrier).
+        let redelivered = config.qos == 1 && !config.clean_session && external;
         Ok(MqttSource {
             name: config.name.clone(),
             options,
@@ -442,6 +447,12 @@ impl Source for MqttSource {
             batch.clear();
             tokio::select! {
                 n = rx.recv_many(&mut batch, this.batch_max) => if n == 0 { break },
+                () = redelivery.answered() => {
+                    if redelivery.barrier_due() && !client.barrier().await {
+                        break;
+                    }
+                    continue;
+                }
                 () = shutdown.cancelled() => break,
             }
             // What came before a reconnect is remembered before the first
@@ -468,12 +479,27 @@ impl Source for MqttSource {
                     }
                 }
             }
+            if redelivery.barrier_due() && !client.barrier().await {
+                break;
+            }
         }
-        // Our last acks go out before the DISCONNECT; what is still queued
-        // stays unacknowledged for the next session.
+        // Our last acks go out before the DISCONNECT, and a last barrier
+        // shows the broker read them, so that the next run expects nothing
+        // again; what is still queued stays unacknowledged for the next
+        // session.
         drop(rx);
+        let flushed = tokio::time::Instant::now() + ACK_FLUSH;
+        let barriers = async {
+            while redelivery.waiting() {
+                if redelivery.barrier_due() && !client.barrier().await {
+                    break;
+                }
+                redelivery.answered().await;
+            }
+        };
+        let _ = tokio::time::timeout_at(flushed, barriers).await;
         client.try_disconnect();
-        if tokio::time::timeout(ACK_FLUSH, &mut poller).await.is_err() {
+        if tokio::time::timeout_at(flushed, &mut poller).await.is_err() {
             stop_polling.cancel();
             let _ = poller.await;
         }

@@ -1,28 +1,30 @@
 //! Recognises the messages a broker sends again although they are stored
 //! already, so that a crash or a lost connection between our append and
-//! the broker getting our PUBACK does not store them twice.
+//! the broker reading our PUBACKs does not store them twice.
 //!
 //! A QoS 1 broker sends again, first thing on the next connection of the
-//! session, what it has not seen acknowledged: Mosquitto the same messages
-//! with their packet ids, rumqttd everything from the oldest
-//! unacknowledged one with new packet ids. Either way the copies are equal
+//! session, what it has not seen acknowledged, and the copies are equal
 //! in topic and payload. So we remember every message from the moment it
-//! is stored (or otherwise decided) until rumqttc reports its PUBACK
-//! written to the socket. Those not written when a connection ends (or
-//! listed in the file the last run left) may come again on the next: each
-//! message arriving there equal to one of them is acknowledged and not
-//! stored; the first one that is not ends the resent run.
+//! is stored (or otherwise decided) until the broker has certainly read
+//! its PUBACK. A PUBACK written to the socket proves nothing: the broker
+//! may be far behind in reading, and what it has not read is lost with
+//! the connection. Proof is a barrier: an UNSUBSCRIBE of a filter we never
+//! subscribed, queued after the acks. A broker handles a connection's
+//! packets in order, so its UNSUBACK means every PUBACK before it was
+//! read. What is still remembered when a connection ends (or listed in the
+//! file the last run left) may come again on the next: each message
+//! arriving there equal to one of them is acknowledged and not stored; the
+//! first one that is not ends the resent run.
 //!
-//! The file is rewritten, without fsync, before each batch's acks are
-//! queued and when the last ack is written. Since it is written only after
-//! the append returned, it never names a message that is not stored. What
-//! it misses leaves delivery at least once, as without it: a crash during
-//! the append (its records survive, unacknowledged) or between the append
-//! and the file write, a power cut (the file is not synced), PUBACKs
-//! written to the socket but lost with the connection. What it names in
-//! excess (acks written since its last write) matters only if a device
-//! sends, as the first message after a restart, one byte for byte equal
-//! to one of them: that message would be taken for a resend.
+//! The file is rewritten, without fsync, when a batch is stored and when a
+//! barrier leaves nothing remembered. Since it is written only after the
+//! append returned, it never names a message that is not stored. What it
+//! misses leaves delivery at least once, as without it: a crash during the
+//! append (its records survive, unacknowledged) or between the append and
+//! the file write, and a power cut (the file is not synced). What it names
+//! in excess (acks read since the last barrier) matters only if a device
+//! sends, as the first message after a reconnect or restart, one byte for
+//! byte equal to one of them: that message would be taken for a resend.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -30,10 +32,11 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use tokio::sync::Notify;
+
 /// Most messages remembered; beyond it the oldest are forgotten (they
-/// would be stored again if resent). Brokers send far fewer
-/// unacknowledged messages at once (Mosquitto 20, rumqttd 100, MQTT 5 our
-/// receive maximum of 1000).
+/// would be stored again if resent). A barrier answered every round trip
+/// keeps far fewer.
 const MAX_REMEMBERED: usize = 65_536;
 
 /// The file's first bytes, naming its format.
@@ -52,22 +55,31 @@ impl Fingerprint {
     }
 }
 
-/// Messages that may come again, shared by the processor (which stores
-/// and acknowledges) and the poller (which sees the acks written).
+/// Messages that may come again, shared by the processor (which stores,
+/// acknowledges and queues barriers) and the poller (which sees
+/// connections and barriers answered).
 #[derive(Debug)]
 pub struct Redelivery {
     state: Mutex<State>,
+    answered: Notify,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    /// Messages whose PUBACK may not have reached the broker, from
-    /// earlier connections or runs, with the first connection on which
-    /// they may come again.
+    /// Messages whose PUBACK the broker may not have read, from earlier
+    /// connections or runs, with the first connection on which they may
+    /// come again.
     expected: VecDeque<(u64, Fingerprint)>,
     /// Messages of the current connection acknowledged (or about to be),
-    /// by packet id, whose PUBACK was not yet written.
-    unacked: VecDeque<(u16, Fingerprint)>,
+    /// by serial number, not yet covered by an answered barrier.
+    unacked: VecDeque<(u64, Fingerprint)>,
+    next_serial: u64,
+    /// The barrier queued and not yet answered: it covers the messages
+    /// with a serial number below this one.
+    barrier: Option<u64>,
+    /// Answers to ignore: barriers of an earlier connection that rumqttc
+    /// may send again on the next.
+    stale_answers: u32,
     file: Option<File>,
     /// The file names no message (saves rewriting it empty).
     file_empty: bool,
@@ -118,12 +130,11 @@ impl Redelivery {
         let state = State {
             file_empty: expected.is_empty(),
             expected: expected.into_iter().map(|f| (1, f)).collect(),
-            unacked: VecDeque::new(),
             file,
-            connection: 0,
             session_present: true,
+            ..State::default()
         };
-        Redelivery { state: Mutex::new(state) }
+        Redelivery { state: Mutex::new(state), answered: Notify::new() }
     }
 
     /// Where a source keeps its list: in `dir`, named after the source
@@ -137,13 +148,16 @@ impl Redelivery {
         dir.join(format!("mqtt-{safe}-{:08x}.unacked", crc32c::crc32c(source.as_bytes())))
     }
 
-    /// The poller got CONNACK for `connection`: what was not written on
+    /// The poller got CONNACK for `connection`: what no barrier covered on
     /// earlier ones may come again on it, unless the broker kept no session
     /// (`session_present = false`), when nothing comes again.
     pub fn connected(&self, connection: u64, session_present: bool) {
         let mut state = self.lock();
         state.connection = connection;
         state.session_present = session_present;
+        if state.barrier.take().is_some() {
+            state.stale_answers += 1;
+        }
         if !session_present {
             state.expected.clear();
             state.unacked.clear();
@@ -185,10 +199,10 @@ impl Redelivery {
     }
 
     /// These messages of `connection` are stored (or decided) and their
-    /// acks are about to be queued: remembered until their PUBACKs are
-    /// written, or, when a newer connection has started meanwhile, until
-    /// they come again on it. Packet id 0 (QoS 0, when the broker granted
-    /// no more) is never sent again.
+    /// acks are about to be queued: remembered until a barrier queued after
+    /// the acks is answered, or, when a newer connection has started
+    /// meanwhile, until they come again on it. Packet id 0 (QoS 0, when
+    /// the broker granted no more) is never sent again.
     pub fn acknowledging(
         &self,
         connection: u64,
@@ -197,7 +211,11 @@ impl Redelivery {
         let mut state = self.lock();
         let messages = messages.into_iter().filter(|(pkid, _)| *pkid != 0);
         if connection >= state.connection {
-            state.unacked.extend(messages);
+            for (_, f) in messages {
+                let serial = state.next_serial;
+                state.next_serial += 1;
+                state.unacked.push_back((serial, f));
+            }
         } else if state.session_present {
             let current = state.connection;
             state.expected.extend(messages.map(|(_, f)| (current, f)));
@@ -209,16 +227,49 @@ impl Redelivery {
         state.persist();
     }
 
-    /// rumqttc wrote the PUBACK of `pkid` (and, being in order, those
-    /// before it).
-    pub fn ack_written(&self, pkid: u16) {
+    /// Whether to queue a barrier now, after the acks queued so far: when
+    /// messages wait for one and none is out. `true` counts it as out.
+    pub fn barrier_due(&self) -> bool {
         let mut state = self.lock();
-        if let Some(i) = state.unacked.iter().position(|(p, _)| *p == pkid) {
-            state.unacked.drain(..=i);
-            if state.unacked.is_empty() {
+        if state.barrier.is_some() || state.unacked.is_empty() {
+            return false;
+        }
+        state.barrier = Some(state.next_serial);
+        true
+    }
+
+    /// Resolves after a barrier was answered, for the processor to queue
+    /// the next one if messages still wait (only it knows which acks are
+    /// queued).
+    pub async fn answered(&self) {
+        self.answered.notified().await;
+    }
+
+    /// Whether messages of this connection wait for a barrier.
+    pub fn waiting(&self) -> bool {
+        !self.lock().unacked.is_empty()
+    }
+
+    /// The poller got an UNSUBACK: the broker read every PUBACK queued
+    /// before the barrier.
+    pub fn barrier_answered(&self) {
+        let mut state = self.lock();
+        if state.stale_answers > 0 {
+            // Perhaps the old connection's barrier sent again, perhaps the
+            // new one's: count neither, and ask for another.
+            state.stale_answers -= 1;
+            state.barrier = None;
+        } else if let Some(covered) = state.barrier.take() {
+            let before = state.unacked.len();
+            while state.unacked.front().is_some_and(|(serial, _)| *serial < covered) {
+                state.unacked.pop_front();
+            }
+            if state.unacked.len() < before {
                 state.persist();
             }
         }
+        drop(state);
+        self.answered.notify_one();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -292,6 +343,8 @@ fn decode(bytes: &[u8]) -> Option<VecDeque<Fingerprint>> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn fp(payload: &str) -> Fingerprint {
@@ -309,19 +362,68 @@ mod tests {
         assert_eq!(Fingerprint::of("t", b"1"), Fingerprint::of("t", b"1"));
     }
 
+    /// Queues a barrier after what is remembered, and answers it.
+    fn barrier(r: &Redelivery) {
+        assert!(r.barrier_due());
+        r.barrier_answered();
+    }
+
     #[test]
-    fn after_a_reconnect_the_unacknowledged_are_recognised_once_then_the_run_ends() {
+    fn after_a_reconnect_what_no_barrier_covered_is_recognised_once_then_the_run_ends() {
         let r = Redelivery::in_memory();
         r.connected(1, false);
         assert_eq!(r.resent(1, fps(&["a", "b", "c", "d"])), [false; 4]);
-        r.acknowledging(1, [(1, fp("a")), (2, fp("b")), (3, fp("c")), (4, fp("d"))]);
-        r.ack_written(1);
-        // The connection is lost with b, c and d unacknowledged; c's ack
-        // got through, so Mosquitto sends b and d again, then new ones.
+        r.acknowledging(1, [(1, fp("a"))]);
+        barrier(&r);
+        r.acknowledging(1, [(2, fp("b")), (3, fp("c")), (4, fp("d"))]);
+        // The connection is lost with a barrier out: b, c and d may come
+        // again. c's ack got through, so Mosquitto sends b and d, then new
+        // ones.
+        assert!(r.barrier_due());
         r.connected(2, true);
         assert_eq!(r.resent(2, fps(&["b", "d", "b", "e"])), [true, true, false, false]);
         // The run ended at the new "b": c is forgotten, a later d is new.
         assert_eq!(r.resent(2, fps(&["c", "d"])), [false, false]);
+    }
+
+    #[tokio::test]
+    async fn a_barrier_covers_only_what_was_queued_before_it_and_asks_for_the_next() {
+        let r = Redelivery::in_memory();
+        r.connected(1, true);
+        assert!(!r.barrier_due(), "nothing waits");
+        r.acknowledging(1, [(1, fp("a"))]);
+        assert!(r.barrier_due());
+        r.acknowledging(1, [(2, fp("b"))]);
+        assert!(!r.barrier_due(), "one barrier out at a time");
+        r.barrier_answered();
+        assert_eq!(r.remembered(), 1);
+        // b still waits: the processor is told to queue the next barrier.
+        tokio::time::timeout(Duration::from_secs(5), r.answered()).await.unwrap();
+        assert!(r.waiting());
+        barrier(&r);
+        assert!(!r.waiting());
+        assert_eq!(r.remembered(), 0);
+        // An answer without a barrier out covers nothing.
+        r.acknowledging(1, [(3, fp("c"))]);
+        r.barrier_answered();
+        assert_eq!(r.remembered(), 1);
+    }
+
+    #[test]
+    fn a_barrier_of_the_old_connection_answered_on_the_new_covers_nothing() {
+        let r = Redelivery::in_memory();
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a"))]);
+        assert!(r.barrier_due());
+        r.connected(2, true);
+        r.acknowledging(2, [(1, fp("x"))]);
+        assert!(r.barrier_due());
+        // rumqttc sent the old barrier again: its answer proves nothing
+        // about x's ack.
+        r.barrier_answered();
+        assert_eq!(r.remembered(), 2);
+        barrier(&r);
+        assert_eq!(r.remembered(), 1, "a is still expected");
     }
 
     #[test]
@@ -335,17 +437,17 @@ mod tests {
         // own connection.
         assert_eq!(r.resent(1, fps(&["b", "a"])), [false, false]);
         r.acknowledging(1, [(2, fp("b")), (3, fp("a"))]);
-        // Its ack, written on the new connection, does not end that.
-        r.ack_written(3);
+        // No barrier on the new connection covers them.
+        assert!(!r.barrier_due());
         assert_eq!(r.resent(2, fps(&["a", "b", "a", "a"])), [true, true, true, false]);
     }
 
     #[test]
-    fn a_new_session_or_a_written_ack_expects_nothing() {
+    fn a_new_session_or_an_answered_barrier_expects_nothing() {
         let r = Redelivery::in_memory();
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a")), (2, fp("b"))]);
-        r.ack_written(2);
+        barrier(&r);
         r.connected(2, true);
         assert_eq!(r.resent(2, fps(&["a", "b"])), [false, false]);
 
@@ -356,7 +458,7 @@ mod tests {
         // expected either.
         r.acknowledging(2, [(4, fp("d"))]);
         assert_eq!(r.remembered(), 0);
-        // QoS 0 messages are not remembered: no PUBACK would end them.
+        // QoS 0 messages are not remembered: nothing would come again.
         r.acknowledging(3, [(5, fp("x")), (0, fp("y"))]);
         assert_eq!(r.remembered(), 1);
     }
@@ -368,14 +470,15 @@ mod tests {
         assert!(path.file_name().unwrap().to_str().unwrap().starts_with("mqtt-floor_1_readers-"));
         let r = Redelivery::open(&path, "s");
         r.connected(1, true);
-        r.acknowledging(1, [(7, fp("a")), (8, fp("b")), (9, fp("c"))]);
-        r.ack_written(7);
-        drop(r); // the crash: b's and c's acks never written
+        r.acknowledging(1, [(7, fp("a"))]);
+        barrier(&r);
+        r.acknowledging(1, [(8, fp("b")), (9, fp("c"))]);
+        drop(r); // the crash: no barrier covered b and c
 
         let r = Redelivery::open(&path, "s");
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["b"])), [true]);
-        // The resend is remembered again until its ack is written: a
+        // The resend is remembered again until a barrier covers it: a
         // second crash now would still recognise b and c.
         r.acknowledging(1, [(1, fp("b"))]);
         drop(r);
@@ -383,9 +486,9 @@ mod tests {
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["b", "c", "c"])), [true, true, false]);
         r.acknowledging(1, [(1, fp("b")), (2, fp("c")), (3, fp("c"))]);
-        r.ack_written(3);
+        barrier(&r);
         drop(r);
-        // All acks written: nothing expected.
+        // All covered: nothing expected.
         let r = Redelivery::open(&path, "s");
         assert_eq!(r.remembered(), 0);
         // A broker that lost the session sends nothing again.
@@ -413,8 +516,10 @@ mod tests {
         }
         // A shorter list over a longer one: the tail is ignored.
         let r = Redelivery::open(&path, "s");
-        r.acknowledging(0, [(1, fp("a")), (2, fp("b")), (3, fp("c"))]);
-        r.ack_written(2);
+        r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
+        assert!(r.barrier_due());
+        r.acknowledging(0, [(3, fp("c"))]);
+        r.barrier_answered();
         r.acknowledging(0, [(4, fp("d"))]);
         drop(r);
         let list = decode(&std::fs::read(&path).unwrap()).unwrap();

@@ -1,8 +1,7 @@
-//! A source that dies after storing a batch and before its acks reach the
-//! broker, then starts again: the broker sends the batch again, and it is
-//! stored once. Run against the embedded rumqttd (which sends everything
-//! from the oldest unacknowledged message again, with new packet ids) and
-//! a real Mosquitto (which sends the unacknowledged ones with their ids).
+//! Messages a real Mosquitto sends again although they are stored already
+//! are stored once: after a source dies between storing a batch and
+//! acknowledging it, and after connections cut while reads flow, when the
+//! broker has not read the acks in flight.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -41,12 +40,11 @@ fn config(broker: &str) -> MqttSourceConfig {
 /// as a crash would (no acks).
 async fn start(
     config: &MqttSourceConfig,
-    broker: Option<&EmbeddedBroker>,
     state: &Path,
     buffer: &Arc<dyn Buffer>,
     crash: bool,
 ) -> (tokio::task::JoinHandle<Result<()>>, Arc<SourceHealth>, CancellationToken) {
-    let mut source = MqttSource::build(config, broker, "sources.mqtt[0]", Some(state)).unwrap();
+    let mut source = MqttSource::build(config, None, "sources.mqtt[0]", Some(state)).unwrap();
     source.crash_before_acks = crash;
     let health = Arc::new(SourceHealth::new(&config.name, "mqtt"));
     let intake = Intake::new(Arc::clone(buffer), Arc::clone(&health), Duration::MAX);
@@ -60,18 +58,20 @@ async fn start(
     (task, health, shutdown)
 }
 
-/// Publishes the reads with QoS 1 and returns once the broker has them all.
-async fn publish(addr: SocketAddr) {
+/// Publishes `n` reads with QoS 1 and returns once the broker has them all.
+async fn publish(addr: SocketAddr, n: u64) {
     let mut options = MqttOptions::new("device", addr.ip().to_string(), addr.port());
     options.set_keep_alive(Duration::from_secs(5));
     let (client, mut eventloop) = AsyncClient::new(options, 256);
-    for seq in 0..READS {
-        let payload = format!("{{\"seq\": {seq}}}");
-        client.publish("readers/r1/tags", QoS::AtLeastOnce, false, payload).await.unwrap();
-    }
+    let publisher = tokio::spawn(async move {
+        for seq in 0..n {
+            let payload = format!("{{\"seq\": {seq}}}");
+            client.publish("readers/r1/tags", QoS::AtLeastOnce, false, payload).await.unwrap();
+        }
+    });
     let mut acked = 0;
     tokio::time::timeout(WAIT, async {
-        while acked < READS {
+        while acked < n {
             match eventloop.poll().await {
                 Ok(Event::Incoming(rumqttc::Packet::PubAck(_))) => acked += 1,
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => break,
@@ -82,83 +82,20 @@ async fn publish(addr: SocketAddr) {
     })
     .await
     .expect("the broker did not take every read");
+    publisher.await.unwrap();
 }
 
-/// How often each read is in the buffer, once every read is there.
-async fn stored(buffer: &Arc<dyn Buffer>) -> BTreeMap<i64, usize> {
-    let mut watermark = buffer.subscribe();
-    tokio::time::timeout(WAIT, async {
-        loop {
-            let records = buffer.read(0, usize::MAX, usize::MAX).await.unwrap();
-            let mut counts = BTreeMap::new();
-            for r in records {
-                let event = opgraph_proto::pb::Event::decode(r.payload).unwrap();
-                let event = opgraph_proto::Event::from_pb(event, 0).unwrap();
-                let seq = event.properties.unwrap()["seq"].as_i64().unwrap();
-                *counts.entry(seq).or_default() += 1;
-            }
-            if counts.len() as u64 == READS {
-                return counts;
-            }
-            watermark.changed().await.unwrap();
-        }
-    })
-    .await
-    .expect("not every read was stored")
-}
-
-/// The scenario: the first source stores a batch and dies; the second
-/// gets that batch again and the rest.
-async fn crash_and_restart(
-    config: &MqttSourceConfig,
-    broker: Option<&EmbeddedBroker>,
-    addr: SocketAddr,
-) {
-    let state = tempfile::tempdir().unwrap();
-    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
-    let (task, first, _) = start(config, broker, state.path(), &buffer, true).await;
-    publish(addr).await;
-    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
-    let stored_first = first.to_json()["accepted_total"].as_u64().unwrap();
-    assert!(stored_first > 0, "the first source stored nothing");
-
-    let (task, second, shutdown) = start(config, broker, state.path(), &buffer, false).await;
-    let counts = stored(&buffer).await;
-    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "stored twice: {twice:?}");
-    let health = second.to_json();
-    assert!(health["resent_total"].as_u64().unwrap() > 0, "{health}");
-    assert_eq!(health["accepted_total"].as_u64().unwrap() + stored_first, READS, "{health}");
-    shutdown.cancel();
-    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
-    // Every ack was written before the clean stop: the next run expects
-    // nothing again.
-    let left = Redelivery::open(&Redelivery::path(state.path(), &config.name), "test");
-    assert_eq!(left.remembered(), 0);
-}
-
-#[tokio::test]
-async fn the_embedded_broker_sends_a_stored_batch_again_and_it_is_stored_once() {
-    let broker_config = broker::MqttBrokerConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        ..broker::MqttBrokerConfig::default()
-    };
-    let broker = EmbeddedBroker::start(&broker_config).unwrap();
-    crash_and_restart(&config(EMBEDDED), Some(&broker), broker.client_addr()).await;
-}
-
-#[tokio::test]
-async fn mosquitto_sends_a_stored_batch_again_and_it_is_stored_once() {
-    let dir = tempfile::tempdir().unwrap();
+/// A real Mosquitto on a free loopback port, killed when dropped.
+async fn mosquitto(dir: &Path) -> (tokio::process::Child, SocketAddr) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let conf = dir.path().join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!("listener {port} 127.0.0.1\npersistence false\nallow_anonymous true\nuser root\n"),
-    )
-    .unwrap();
+    let conf = dir.join("mosquitto.conf");
+    let lines = format!(
+        "listener {port} 127.0.0.1\npersistence false\nallow_anonymous true\nuser root\n\
+         max_queued_messages 100000\n"
+    );
+    std::fs::write(&conf, lines).unwrap();
     // Installed by deploy/scripts/install-test-deps.sh.
-    let _mosquitto = tokio::process::Command::new("/usr/sbin/mosquitto")
+    let child = tokio::process::Command::new("/usr/sbin/mosquitto")
         .arg("-c")
         .arg(&conf)
         .stdout(Stdio::null())
@@ -173,5 +110,123 @@ async fn mosquitto_sends_a_stored_batch_again_and_it_is_stored_once() {
     })
     .await
     .expect("mosquitto did not start");
-    crash_and_restart(&config(&format!("mqtt://{addr}")), None, addr).await;
+    (child, addr)
+}
+
+/// A TCP proxy to `upstream`; `cut` drops every connection open at the
+/// time, both sides, with whatever they had not passed on.
+async fn proxy(upstream: SocketAddr, cut: Arc<tokio::sync::Notify>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut near, _)) = listener.accept().await {
+            let Ok(mut far) = tokio::net::TcpStream::connect(upstream).await else { continue };
+            let cut = Arc::clone(&cut);
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut near, &mut far) => {}
+                    () = cut.notified() => {}
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// How often each read is in the buffer, once all `n` are there.
+async fn stored(buffer: &Arc<dyn Buffer>, n: u64) -> BTreeMap<i64, usize> {
+    let mut watermark = buffer.subscribe();
+    tokio::time::timeout(WAIT, async {
+        let (mut counts, mut next) = (BTreeMap::new(), 0);
+        loop {
+            for r in buffer.read(next, usize::MAX, usize::MAX).await.unwrap() {
+                next = r.seq + 1;
+                let event = opgraph_proto::pb::Event::decode(r.payload).unwrap();
+                let event = opgraph_proto::Event::from_pb(event, 0).unwrap();
+                let seq = event.properties.unwrap()["seq"].as_i64().unwrap();
+                *counts.entry(seq).or_default() += 1;
+            }
+            if counts.len() as u64 == n {
+                return counts;
+            }
+            watermark.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("not every read was stored")
+}
+
+#[tokio::test]
+async fn a_batch_stored_before_a_crash_and_sent_again_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let config = config(&format!("mqtt://{addr}"));
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let (task, first, _) = start(&config, dir.path(), &buffer, true).await;
+    publish(addr, READS).await;
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    let stored_first = first.to_json()["accepted_total"].as_u64().unwrap();
+    assert!(stored_first > 0, "the first source stored nothing");
+
+    let (task, second, shutdown) = start(&config, dir.path(), &buffer, false).await;
+    let counts = stored(&buffer, READS).await;
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "stored twice: {twice:?}");
+    let health = second.to_json();
+    assert!(health["resent_total"].as_u64().unwrap() > 0, "{health}");
+    assert_eq!(health["accepted_total"].as_u64().unwrap() + stored_first, READS, "{health}");
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    // Every ack was covered by a barrier before the clean stop: the next
+    // run expects nothing again.
+    let left = Redelivery::open(&Redelivery::path(dir.path(), &config.name), "test");
+    assert_eq!(left.remembered(), 0);
+}
+
+#[tokio::test]
+async fn reads_sent_again_after_cut_connections_are_stored_once() {
+    cut_while_reads_flow(MqttProtocol::V311).await;
+}
+
+#[tokio::test]
+async fn reads_sent_again_after_cut_connections_are_stored_once_over_mqtt5() {
+    cut_while_reads_flow(MqttProtocol::V5).await;
+}
+
+async fn cut_while_reads_flow(protocol: MqttProtocol) {
+    const N: u64 = 5_000;
+    const CUTS: u64 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let cut = Arc::new(tokio::sync::Notify::new());
+    let mut config = config(&format!("mqtt://{}", proxy(addr, Arc::clone(&cut)).await));
+    config.protocol = protocol;
+    config.backoff_initial = Duration::from_millis(20);
+    config.backoff_max = Duration::from_millis(50);
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let (task, health, shutdown) = start(&config, dir.path(), &buffer, false).await;
+    let device = tokio::spawn(publish(addr, N));
+    // Cut whenever another 800 reads were stored, while they flow.
+    let mut cuts = 0;
+    let mut watermark = buffer.subscribe();
+    tokio::time::timeout(WAIT, async {
+        while cuts < CUTS {
+            watermark.changed().await.unwrap();
+            if buffer.stats().appended_total > (cuts + 1) * 800 {
+                cut.notify_waiters();
+                cuts += 1;
+            }
+        }
+    })
+    .await
+    .expect("reads stopped flowing");
+    let counts = stored(&buffer, N).await;
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{} stored twice: {twice:?}", twice.len());
+    let health = health.to_json();
+    assert!(health["resent_total"].as_u64().unwrap() > 0, "{health}");
+    assert_eq!(health["accepted_total"].as_u64().unwrap(), N, "{health}");
+    device.await.unwrap();
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }

@@ -5,8 +5,9 @@
 //!
 //! The poller drives the event loop: connects, subscribes on every
 //! CONNACK, reconnects after errors with capped exponential backoff and
-//! writes the acks the processor queues (telling [`Redelivery`] of each
-//! one written). "Connected" in health means
+//! writes the acks and barriers the processor queues (telling
+//! [`Redelivery`] of connections and answered barriers). "Connected" in
+//! health means
 //! connected and subscribed (SUBACK seen): from then on the broker keeps
 //! messages for the session.
 
@@ -24,6 +25,10 @@ use tokio_util::sync::CancellationToken;
 use super::redelivery::Redelivery;
 use crate::backoff::Backoff;
 use crate::source::SourceHealth;
+
+/// The filter of barriers: never subscribed (an UNSUBSCRIBE names a filter
+/// exactly, so a `#` subscription is not touched).
+const BARRIER_FILTER: &str = "opgraph-gateway/ack-barrier";
 
 /// Client options of either protocol.
 #[derive(Clone)]
@@ -67,6 +72,16 @@ impl Client {
         }
     }
 
+    /// Queues an UNSUBSCRIBE of a filter never subscribed, whose UNSUBACK
+    /// shows the broker has read everything queued before it (see
+    /// `redelivery.rs`); `false` once the event loop is gone.
+    pub async fn barrier(&self) -> bool {
+        match self {
+            Client::V4(c) => c.unsubscribe(BARRIER_FILTER).await.is_ok(),
+            Client::V5(c) => c.unsubscribe(BARRIER_FILTER).await.is_ok(),
+        }
+    }
+
     /// Queues a DISCONNECT after everything queued before it.
     pub fn try_disconnect(&self) {
         let _ = match self {
@@ -87,7 +102,7 @@ pub struct Poller {
     pub shutdown: CancellationToken,
     /// Stop polling at once (after the ack flush timed out).
     pub stop: CancellationToken,
-    /// Told of every connection and every PUBACK written.
+    /// Told of every connection and every barrier answered.
     pub redelivery: Arc<Redelivery>,
     /// Connections so far.
     pub connections: u64,
@@ -188,7 +203,7 @@ async fn poll_v4(mut eventloop: rumqttc::EventLoop, client: rumqttc::AsyncClient
                 };
                 p.deliver(message).await;
             }
-            Ok(Event::Outgoing(Outgoing::PubAck(pkid))) => p.redelivery.ack_written(pkid),
+            Ok(Event::Incoming(Packet::UnsubAck(_))) => p.redelivery.barrier_answered(),
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(_) => {}
             Err(rumqttc::ConnectionError::RequestsDone) => return,
@@ -235,7 +250,7 @@ async fn poll_v5(mut eventloop: v5::EventLoop, client: v5::AsyncClient, mut p: P
                 };
                 p.deliver(message).await;
             }
-            Ok(Event::Outgoing(Outgoing::PubAck(pkid))) => p.redelivery.ack_written(pkid),
+            Ok(Event::Incoming(Packet::UnsubAck(_))) => p.redelivery.barrier_answered(),
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(_) => {}
             Err(v5::ConnectionError::RequestsDone) => return,
