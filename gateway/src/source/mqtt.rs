@@ -98,6 +98,14 @@ pub struct MqttSourceConfig {
     pub max_payload: ByteSize,
     /// Most messages mapped and appended at once. Default 256.
     pub batch_max: usize,
+    /// Recognise messages the broker sends again after they were stored,
+    /// and store them once (QoS 1, persistent session, external broker).
+    /// Needs a broker that answers an UNSUBSCRIBE of a filter never
+    /// subscribed, as MQTT requires; one that does not is detected (after a
+    /// minute without an answer) and the source falls back to at least
+    /// once. Default `true`; `false` for a broker that closes the
+    /// connection instead.
+    pub recognise_resends: bool,
     /// A device time further than this from the receive time is replaced by
     /// the receive time (kept in `context.deviceTimestamp`) and counted in
     /// `clock_skew`. Default `30s`.
@@ -134,6 +142,7 @@ impl Default for MqttSourceConfig {
             keep_alive: Duration::from_secs(30),
             max_payload: ByteSize::mib(1),
             batch_max: 256,
+            recognise_resends: true,
             max_clock_skew: Duration::from_secs(30),
             ca_file: None,
             client_cert_file: None,
@@ -369,7 +378,8 @@ impl MqttSource {
         // rumqttd, the embedded broker, stops with the gateway (it keeps
         // nothing to send again after a crash) and answers no UNSUBSCRIBE of
         // a filter never subscribed (the barrier).
-        let redelivered = config.qos == 1 && !config.clean_session && external;
+        let redelivered =
+            config.recognise_resends && config.qos == 1 && !config.clean_session && external;
         Ok(MqttSource {
             name: config.name.clone(),
             options,

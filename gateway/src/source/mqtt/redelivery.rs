@@ -31,13 +31,19 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// Most messages remembered; beyond it the oldest are forgotten (they
 /// would be stored again if resent). A barrier answered every round trip
 /// keeps far fewer.
 const MAX_REMEMBERED: usize = 65_536;
+
+/// How long a barrier may stay unanswered while messages flow on its
+/// connection before the broker is taken to answer none.
+const BARRIER_PATIENCE: Duration = Duration::from_secs(60);
 
 /// The file's first bytes, naming its format.
 const MAGIC: &[u8; 4] = b"OGR1";
@@ -75,8 +81,10 @@ struct State {
     unacked: VecDeque<(u64, Fingerprint)>,
     next_serial: u64,
     /// The barrier queued and not yet answered: it covers the messages
-    /// with a serial number below this one.
-    barrier: Option<u64>,
+    /// with a serial number below `covers`.
+    barrier: Option<Barrier>,
+    /// The broker answers no barrier: nothing is remembered any more.
+    given_up: bool,
     /// Answers to ignore: barriers of an earlier connection that rumqttc
     /// may send again on the next.
     stale_answers: u32,
@@ -87,6 +95,13 @@ struct State {
     connection: u64,
     /// Whether the broker kept the session for it.
     session_present: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Barrier {
+    covers: u64,
+    queued: Instant,
+    connection: u64,
 }
 
 impl Redelivery {
@@ -177,6 +192,9 @@ impl Redelivery {
         fingerprints: impl IntoIterator<Item = Fingerprint>,
     ) -> Vec<bool> {
         let mut state = self.lock();
+        if state.given_up {
+            return vec![false; fingerprints.into_iter().count()];
+        }
         let due = |from: u64| from <= connection;
         fingerprints
             .into_iter()
@@ -209,6 +227,21 @@ impl Redelivery {
         messages: impl IntoIterator<Item = (u16, Fingerprint)>,
     ) {
         let mut state = self.lock();
+        if state.given_up {
+            return;
+        }
+        if state.barrier.is_some_and(|b| {
+            b.connection == state.connection && b.queued.elapsed() > BARRIER_PATIENCE
+        }) {
+            tracing::warn!(
+                "the MQTT broker answers no UNSUBSCRIBE of a filter never subscribed: messages it sends again after a lost connection or a crash may be stored twice (set recognise_resends = false to skip this check)"
+            );
+            state.given_up = true;
+            state.expected.clear();
+            state.unacked.clear();
+            state.persist();
+            return;
+        }
         let messages = messages.into_iter().filter(|(pkid, _)| *pkid != 0);
         if connection >= state.connection {
             for (_, f) in messages {
@@ -234,7 +267,11 @@ impl Redelivery {
         if state.barrier.is_some() || state.unacked.is_empty() {
             return false;
         }
-        state.barrier = Some(state.next_serial);
+        state.barrier = Some(Barrier {
+            covers: state.next_serial,
+            queued: Instant::now(),
+            connection: state.connection,
+        });
         true
     }
 
@@ -259,9 +296,9 @@ impl Redelivery {
             // new one's: count neither, and ask for another.
             state.stale_answers -= 1;
             state.barrier = None;
-        } else if let Some(covered) = state.barrier.take() {
+        } else if let Some(barrier) = state.barrier.take() {
             let before = state.unacked.len();
-            while state.unacked.front().is_some_and(|(serial, _)| *serial < covered) {
+            while state.unacked.front().is_some_and(|(serial, _)| *serial < barrier.covers) {
                 state.unacked.pop_front();
             }
             if state.unacked.len() < before {
@@ -343,8 +380,6 @@ fn decode(bytes: &[u8]) -> Option<VecDeque<Fingerprint>> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn fp(payload: &str) -> Fingerprint {
@@ -407,6 +442,29 @@ mod tests {
         r.acknowledging(1, [(3, fp("c"))]);
         r.barrier_answered();
         assert_eq!(r.remembered(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broker_that_answers_no_barrier_is_given_up_on() {
+        let r = Redelivery::in_memory();
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a"))]);
+        assert!(r.barrier_due());
+        // Disconnected meanwhile: the time does not count against it.
+        tokio::time::advance(BARRIER_PATIENCE * 2).await;
+        r.connected(2, true);
+        r.acknowledging(2, [(2, fp("b"))]);
+        assert!(r.barrier_due());
+        tokio::time::advance(BARRIER_PATIENCE / 2).await;
+        r.acknowledging(2, [(3, fp("c"))]);
+        assert_eq!(r.remembered(), 3);
+        // A minute on with messages flowing and no answer: given up.
+        tokio::time::advance(BARRIER_PATIENCE).await;
+        r.acknowledging(2, [(4, fp("d"))]);
+        assert_eq!(r.remembered(), 0);
+        assert!(!r.barrier_due());
+        r.connected(3, true);
+        assert_eq!(r.resent(3, fps(&["a", "b"])), [false, false]);
     }
 
     #[test]
