@@ -279,9 +279,9 @@ pub struct MqttSource {
     /// `None` when they are not looked for or there is no directory to
     /// keep them in.
     redelivery_file: Option<PathBuf>,
-    /// Whether to recognise messages sent again (QoS 1, a persistent
-    /// session, an external broker).
-    redelivered: bool,
+    /// Whether to recognise messages sent again (`recognise_resends`, QoS
+    /// 1, a persistent session, an external broker).
+    recognise_resends: bool,
     /// Stop after storing the first batch, without its acks, as a crash
     /// would.
     #[cfg(test)]
@@ -378,7 +378,7 @@ impl MqttSource {
         // rumqttd, the embedded broker, stops with the gateway (it keeps
         // nothing to send again after a crash) and answers no UNSUBSCRIBE of
         // a filter never subscribed (the barrier).
-        let redelivered =
+        let recognise_resends =
             config.recognise_resends && config.qos == 1 && !config.clean_session && external;
         Ok(MqttSource {
             name: config.name.clone(),
@@ -389,9 +389,9 @@ impl MqttSource {
             batch_max: config.batch_max,
             backoff: Backoff::new(config.backoff_initial, config.backoff_max),
             redelivery_file: state_dir
-                .filter(|_| redelivered)
+                .filter(|_| recognise_resends)
                 .map(|dir| Redelivery::path(dir, &config.name)),
-            redelivered,
+            recognise_resends,
             #[cfg(test)]
             crash_before_acks: false,
         })
@@ -468,7 +468,7 @@ impl Source for MqttSource {
             // What came before a reconnect is remembered before the first
             // message after it is looked at.
             for run in batch.chunk_by(|a, b| a.connection == b.connection) {
-                let acknowledge = if this.redelivered {
+                let acknowledge = if this.recognise_resends {
                     handle_resends(&this, &intake, &redelivery, run, &mut backoff, &shutdown).await
                 } else {
                     let messages = run.iter().map(|m| (m.topic.as_str(), &m.payload[..]));
@@ -520,8 +520,8 @@ impl Source for MqttSource {
 }
 
 /// [`process`] for the messages of one connection that are not resends of
-/// stored ones; then remembers them all until their acks are written.
-/// `true` when they may be acknowledged.
+/// stored ones; then remembers them all until a barrier shows the broker
+/// read their acks. `true` when they may be acknowledged.
 async fn handle_resends(
     source: &MqttSource,
     intake: &Intake,
