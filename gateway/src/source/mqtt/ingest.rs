@@ -11,18 +11,23 @@
 //! device that keeps many messages in flight gets them stored together.
 //! Packets are framed by rumqttc's 3.1.1 codec; TLS (optional) is rustls
 //! on ring.
+//!
+//! A PUBACK lost with a connection makes a persistent device send the
+//! message again, flagged DUP, with the same packet id. The latest messages
+//! acknowledged per client id are remembered (in memory), and such a copy
+//! is acknowledged without being stored twice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::BytesMut;
 use bytesize::ByteSize;
 use rumqttc::mqttbytes::v4::{
-    ConnAck, ConnectReturnCode, Packet, PubAck, SubAck, SubscribeReasonCode, UnsubAck,
+    ConnAck, ConnectReturnCode, Packet, PubAck, Publish, SubAck, SubscribeReasonCode, UnsubAck,
 };
 use rumqttc::mqttbytes::{Error as CodecError, Protocol, QoS};
 use rumqttc::tokio_rustls::TlsAcceptor;
@@ -34,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::process;
+use super::redelivery::Fingerprint;
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::source::mapping::{RuleConfig, RuleSet};
@@ -170,6 +176,48 @@ struct Shared {
     /// One permit per connection working on a batch
     /// (`max_concurrent_batches`).
     batches: Semaphore,
+    /// Per persistent client, its latest QoS 1 messages acknowledged: the
+    /// ones it sends again (DUP) when our PUBACK was lost with the
+    /// connection.
+    acked: Mutex<HashMap<String, VecDeque<(u16, Fingerprint)>>>,
+    /// Most clients in `acked`.
+    max_clients: usize,
+}
+
+/// Messages remembered per client: far more than a device keeps in
+/// flight.
+const ACKED_PER_CLIENT: usize = 1024;
+
+impl Shared {
+    /// For each publish of `client`: `true` when it is a copy (DUP, same
+    /// packet id, topic and payload) of one already acknowledged.
+    fn resent(&self, client: &str, publishes: &[Publish]) -> Vec<bool> {
+        let acked = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(acked) = acked.get(client) else { return vec![false; publishes.len()] };
+        publishes
+            .iter()
+            .map(|p| p.dup && acked.contains(&(p.pkid, Fingerprint::of(&p.topic, &p.payload))))
+            .collect()
+    }
+
+    /// Remembers the QoS 1 publishes of `client` about to be acknowledged.
+    fn acknowledging(&self, client: &str, publishes: &[Publish]) {
+        let mut acked = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
+        if !acked.contains_key(client) && acked.len() >= self.max_clients {
+            // A client long gone: its PUBACKs are not waited for any more.
+            let gone = acked.keys().next().cloned();
+            if let Some(gone) = gone {
+                acked.remove(&gone);
+            }
+        }
+        let mine = acked.entry(client.to_owned()).or_default();
+        for p in publishes.iter().filter(|p| p.qos == QoS::AtLeastOnce) {
+            if mine.len() == ACKED_PER_CLIENT {
+                mine.pop_front();
+            }
+            mine.push_back((p.pkid, Fingerprint::of(&p.topic, &p.payload)));
+        }
+    }
 }
 
 impl MqttIngestSource {
@@ -205,6 +253,8 @@ impl MqttIngestSource {
                 connect_timeout: config.connect_timeout,
                 batch_max: config.batch_max,
                 batches: Semaphore::new(config.max_concurrent_batches),
+                acked: Mutex::default(),
+                max_clients: config.max_connections.saturating_mul(2),
             }),
         })
     }
@@ -392,6 +442,10 @@ async fn serve(
     if !accepted {
         return Err(format!("login refused for client {:?}", connect.client_id));
     }
+    // A persistent client sends again, with DUP, what it got no PUBACK for
+    // (ConnAck says we keep its session).
+    let persistent =
+        (!connect.clean_session && !connect.client_id.is_empty()).then_some(&connect.client_id);
     // The device must speak within 1.5 keep-alive intervals.
     let idle = (connect.keep_alive > 0)
         .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
@@ -495,12 +549,28 @@ async fn serve(
             }
         }
         if !publishes.is_empty() {
-            let messages = publishes.iter().map(|p| (p.topic.as_str(), &p.payload[..]));
+            let resent = match persistent {
+                Some(client) => shared.resent(client, &publishes),
+                None => vec![false; publishes.len()],
+            };
+            let messages = publishes
+                .iter()
+                .zip(&resent)
+                .filter(|(_, resent)| !**resent)
+                .map(|(p, _)| (p.topic.as_str(), &p.payload[..]));
             // Boxed for the same reason: the mapping and append state is
             // only needed while a batch is processed.
             if !Box::pin(process(&shared.rules, intake, messages, &mut backoff, shutdown)).await {
                 // Shutdown before the append: nothing is acknowledged.
                 return Ok(());
+            }
+            let n_resent = resent.iter().filter(|r| **r).count();
+            if n_resent > 0 {
+                intake.health().resent(n_resent as u64);
+                tracing::info!(client = ?connect.client_id, n = n_resent, "a device sent again messages already stored: acknowledged, not stored twice");
+            }
+            if let Some(client) = persistent {
+                shared.acknowledging(client, &publishes);
             }
             for p in publishes.drain(..) {
                 if p.qos == QoS::AtLeastOnce {

@@ -241,6 +241,103 @@ async fn bad_logins_other_protocols_and_garbage_are_refused() {
     let _ = Outgoing::PingReq;
 }
 
+/// A device speaking raw MQTT 3.1.1, to send DUP flags and packet ids of
+/// its choosing.
+struct RawDevice {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl RawDevice {
+    async fn connect(addr: SocketAddr, id: &str, clean_session: bool) -> RawDevice {
+        let mut device =
+            RawDevice { stream: TcpStream::connect(addr).await.unwrap(), buf: BytesMut::new() };
+        let mut connect = rumqttc::Connect::new(id);
+        connect.clean_session = clean_session;
+        device.send(Packet::Connect(connect)).await;
+        let answer = device.read().await;
+        assert!(matches!(answer, Packet::ConnAck(a) if a.session_present != clean_session));
+        device
+    }
+
+    async fn send(&mut self, packet: Packet) {
+        let mut out = BytesMut::new();
+        packet.write(&mut out, usize::MAX).unwrap();
+        self.stream.write_all(&out).await.unwrap();
+    }
+
+    async fn read(&mut self) -> Packet {
+        let read = read_packet(&mut self.stream, &mut self.buf, usize::MAX);
+        tokio::time::timeout(WAIT, read).await.unwrap().unwrap()
+    }
+
+    /// Publishes with QoS 1 and waits for the PUBACK.
+    async fn publish(&mut self, pkid: u16, dup: bool, seq: u64) {
+        let payload = format!("{{\"seq\": {seq}}}");
+        let mut publish = Publish::new("readers/r1/tags", QoS::AtLeastOnce, payload);
+        publish.pkid = pkid;
+        publish.dup = dup;
+        self.send(Packet::Publish(publish)).await;
+        assert!(matches!(self.read().await, Packet::PubAck(a) if a.pkid == pkid));
+    }
+}
+
+#[tokio::test]
+async fn a_message_sent_again_after_a_lost_puback_is_stored_once() {
+    let running = start(&config(&[]), Arc::new(MemoryBuffer::new()));
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    device.publish(7, false, 1).await;
+    device.publish(8, false, 2).await;
+    // The connection goes; the device missed both PUBACKs and sends the
+    // messages again, flagged DUP, with their packet ids.
+    drop(device);
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    device.publish(7, true, 1).await;
+    device.publish(8, true, 2).await;
+    assert_eq!(running.buffer.stats().appended_total, 2);
+    assert_eq!(running.health.to_json()["resent_total"], 2);
+    // Not copies: a new reading equal to an old one (no DUP), a DUP with
+    // another payload or another packet id, and another client's.
+    device.publish(9, false, 1).await;
+    device.publish(7, true, 3).await;
+    device.publish(10, true, 2).await;
+    let mut other = RawDevice::connect(running.addr, "dev-2", false).await;
+    other.publish(8, true, 2).await;
+    // A clean-session device keeps no session: nothing is taken for a copy.
+    let mut clean = RawDevice::connect(running.addr, "dev-3", true).await;
+    clean.publish(5, false, 4).await;
+    clean.publish(5, true, 4).await;
+    assert_eq!(running.buffer.stats().appended_total, 8);
+    assert_eq!(running.health.to_json()["resent_total"], 2);
+    running.stop.cancel();
+    drop((device, other, clean));
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
+#[test]
+fn what_is_remembered_of_acknowledged_messages_is_bounded() {
+    let config = MqttIngestConfig { max_connections: 1, ..config(&[]) };
+    let source = MqttIngestSource::build(&config, "sources.mqtt_ingest[0]").unwrap();
+    let shared = &source.shared;
+    let publishes: Vec<Publish> = (1..=ACKED_PER_CLIENT as u16 + 5)
+        .map(|pkid| {
+            let mut p = Publish::new("t", QoS::AtLeastOnce, format!("{pkid}"));
+            p.pkid = pkid;
+            p.dup = true;
+            p
+        })
+        .collect();
+    for client in ["a", "b", "c"] {
+        shared.acknowledging(client, &publishes);
+    }
+    let acked = shared.acked.lock().unwrap();
+    assert_eq!(acked.len(), 2, "two clients per connection");
+    assert!(acked.values().all(|a| a.len() == ACKED_PER_CLIENT));
+    drop(acked);
+    // The oldest of a client are forgotten first.
+    assert_eq!(shared.resent("c", &publishes[..6]), [false, false, false, false, false, true]);
+}
+
 /// A self-signed certificate for 127.0.0.1 made by the openssl command
 /// (installed by deploy/scripts/install-test-deps.sh).
 fn certificate(dir: &std::path::Path) -> (PathBuf, PathBuf) {
