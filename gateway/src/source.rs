@@ -233,6 +233,11 @@ impl Intake {
         &self.health
     }
 
+    /// The buffer the events go to.
+    pub fn buffer(&self) -> &Arc<dyn Buffer> {
+        &self.buffer
+    }
+
     /// Turns a mapped message received at `now_ms` into a buffer record,
     /// or counts (and logs) why it cannot be one.
     pub fn prepare(&self, mapped: Result<Mapped, Reject>, now_ms: i64) -> Option<Bytes> {

@@ -50,6 +50,11 @@ pub const EMBEDDED: &str = "embedded";
 /// exceed the broker's in-flight window (mosquitto: 20, embedded: 100).
 const REQUEST_CAPACITY: usize = 4096;
 
+/// Most records (and bytes) read back to find a batch whose append a
+/// crash interrupted: its own and whatever other sources appended beside it.
+const INTERRUPTED_RECORDS: usize = 100_000;
+const INTERRUPTED_BYTES: usize = 64 << 20;
+
 /// How long a stopping source keeps polling to write its last acks.
 const ACK_FLUSH: Duration = Duration::from_secs(2);
 
@@ -282,10 +287,6 @@ pub struct MqttSource {
     /// Whether to recognise messages sent again (`recognise_resends`, QoS
     /// 1, a persistent session, an external broker).
     recognise_resends: bool,
-    /// Stop after storing the first batch, without its acks, as a crash
-    /// would.
-    #[cfg(test)]
-    crash_before_acks: bool,
 }
 
 impl MqttSource {
@@ -392,8 +393,6 @@ impl MqttSource {
                 .filter(|_| recognise_resends)
                 .map(|dir| Redelivery::path(dir, &config.name)),
             recognise_resends,
-            #[cfg(test)]
-            crash_before_acks: false,
         })
     }
 }
@@ -437,6 +436,16 @@ impl Source for MqttSource {
             Some(path) => Redelivery::open(path, &this.name),
             None => Redelivery::in_memory(),
         });
+        if let Some(from_seq) = redelivery.interrupted_append() {
+            let read = intake.buffer().read(from_seq, INTERRUPTED_RECORDS, INTERRUPTED_BYTES);
+            match read.await {
+                Ok(records) => redelivery.recover(&records),
+                Err(e) => {
+                    tracing::warn!(source = %this.name, error = %e, "cannot read back the batch appended at the last stop: the broker's copies may be stored twice");
+                    redelivery.recover(&[]);
+                }
+            }
+        }
         let (tx, mut rx) = mpsc::channel::<Message>(this.batch_max.saturating_mul(2));
         let stop_polling = CancellationToken::new();
         let poller = Poller {
@@ -476,12 +485,6 @@ impl Source for MqttSource {
                 };
                 if !acknowledge {
                     break 'receive;
-                }
-                #[cfg(test)]
-                if this.crash_before_acks {
-                    stop_polling.cancel();
-                    let _ = poller.await;
-                    return Ok(());
                 }
                 for message in run {
                     if !client.ack(&message.ack).await {
@@ -535,12 +538,20 @@ async fn handle_resends(
         run.iter().map(|m| Fingerprint::of(&m.topic, &m.payload)).collect();
     let resent = redelivery.resent(connection, fingerprints.iter().copied());
     let n_resent = resent.iter().filter(|r| **r).count();
-    let fresh = run
-        .iter()
-        .zip(&resent)
-        .filter(|(_, resent)| !**resent)
-        .map(|(m, _)| (m.topic.as_str(), &m.payload[..]));
-    if !process(&source.rules, intake, fresh, backoff, shutdown).await {
+    let fresh: Vec<usize> = (0..run.len()).filter(|i| !resent[*i]).collect();
+    let messages = fresh.iter().map(|i| (run[*i].topic.as_str(), &run[*i].payload[..]));
+    let records = prepare(&source.rules, intake, messages);
+    if !records.is_empty() {
+        // Our records get this sequence number or a later one.
+        let from_seq = *intake.buffer().subscribe().borrow();
+        let records = records
+            .iter()
+            .map(|(k, record)| (fingerprints[fresh[*k]], crc32c::crc32c(record)))
+            .collect();
+        redelivery.appending(redelivery::Appending { from_seq, records });
+    }
+    let records = records.into_iter().map(|(_, record)| record).collect();
+    if !append(intake, records, backoff, shutdown).await {
         return false;
     }
     if n_resent > 0 {
@@ -561,10 +572,22 @@ async fn process<'a>(
     backoff: &mut Backoff,
     shutdown: &CancellationToken,
 ) -> bool {
+    let records = prepare(rules, intake, batch).into_iter().map(|(_, r)| r).collect();
+    append(intake, records, backoff, shutdown).await
+}
+
+/// Maps one batch into buffer records, counting the messages that do not
+/// become one; each record comes with the position of its message.
+fn prepare<'a>(
+    rules: &RuleSet,
+    intake: &Intake,
+    batch: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> Vec<(usize, Bytes)> {
     let now = now_ms();
-    let records: Vec<Bytes> = batch
+    batch
         .into_iter()
-        .filter_map(|(topic, payload)| {
+        .enumerate()
+        .filter_map(|(i, (topic, payload))| {
             intake.health().received(now);
             let mapped = rules.apply(topic, payload);
             if let Ok(m) = &mapped
@@ -573,9 +596,19 @@ async fn process<'a>(
                 intake.health().throttled();
                 return None;
             }
-            intake.prepare(mapped, now)
+            intake.prepare(mapped, now).map(|record| (i, record))
         })
-        .collect();
+        .collect()
+}
+
+/// Appends the records of one batch, retrying while the buffer fails;
+/// `true` as [`process`].
+async fn append(
+    intake: &Intake,
+    records: Vec<Bytes>,
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> bool {
     if records.is_empty() {
         return true;
     }

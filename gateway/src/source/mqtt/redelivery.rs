@@ -16,17 +16,22 @@
 //! arriving there equal to one of them is acknowledged and not stored; the
 //! first one that is not ends the resent run.
 //!
-//! The file is rewritten, without fsync, when a batch is stored and when a
-//! barrier leaves nothing remembered. Since it is written only after the
-//! append returned, it never names a message that is not stored. What it
-//! misses leaves delivery at least once, as without it: a crash during the
-//! append (its records survive, unacknowledged) or between the append and
-//! the file write, and a power cut (the file is not synced). What it names
-//! in excess (acks read since the last barrier) matters only if a device
-//! sends, as the first message after a reconnect or restart, one byte for
-//! byte equal to one of them: that message would be taken for a resend.
+//! The file is rewritten, without fsync, before and after each append and
+//! when a barrier covered something. Before an append it also names the
+//! batch ([`Appending`]: each message's fingerprint and its record's
+//! CRC-32C): a crash during the append (in its fsync, say) may leave some
+//! of the records in the buffer, unacknowledged, and the next run reads
+//! the buffer back to learn which. A message counts as stored only when
+//! the list says it was acknowledged or its record was found, so the list
+//! never makes a message be skipped that is not stored. What it misses
+//! leaves delivery at least once, as without it: records of an interrupted
+//! append that the uplink had already shipped (and the buffer dropped), and
+//! a power cut (the file is not synced). What it names in excess (acks read
+//! since the last barrier) matters only if a device sends, as the first
+//! message after a reconnect or restart, one byte for byte equal to one of
+//! them: that message would be taken for a resend.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -35,6 +40,8 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::buffer::Record;
 
 /// Most messages remembered; beyond it the oldest are forgotten (they
 /// would be stored again if resent). A barrier answered every round trip
@@ -46,7 +53,7 @@ const MAX_REMEMBERED: usize = 65_536;
 const BARRIER_PATIENCE: Duration = Duration::from_secs(60);
 
 /// The file's first bytes, naming its format.
-const MAGIC: &[u8; 4] = b"OGR1";
+const MAGIC: &[u8; 4] = b"OGR2";
 
 /// A message's identity: its payload length and a CRC-32C of topic and
 /// payload. Topics cannot hold NUL, which separates the two.
@@ -85,6 +92,9 @@ struct State {
     barrier: Option<Barrier>,
     /// The broker answers no barrier: nothing is remembered any more.
     given_up: bool,
+    /// The batch being appended, until it is remembered as acknowledged;
+    /// read back from the file after a crash, until recovered.
+    appending: Option<Appending>,
     /// Answers to ignore: barriers of an earlier connection that rumqttc
     /// may send again on the next.
     stale_answers: u32,
@@ -110,19 +120,60 @@ impl Redelivery {
         Redelivery::with(VecDeque::new(), None)
     }
 
+    /// Where the batch that was being appended when the last run stopped
+    /// starts at the earliest, if one was: read the buffer from there and
+    /// pass the records to [`Redelivery::recover`].
+    pub fn interrupted_append(&self) -> Option<u64> {
+        self.lock().appending.as_ref().map(|a| a.from_seq)
+    }
+
+    /// Of the batch being appended when the last run stopped, what made it
+    /// into the buffer (`records`, from [`Redelivery::interrupted_append`]
+    /// on) was stored unacknowledged, and the broker sends it again.
+    pub fn recover(&self, records: &[Record]) {
+        let mut state = self.lock();
+        let Some(appending) = state.appending.take() else { return };
+        let stored: HashSet<u32> = records.iter().map(|r| crc32c::crc32c(&r.payload)).collect();
+        let found: Vec<Fingerprint> = appending
+            .records
+            .iter()
+            .filter(|(_, crc)| stored.contains(crc))
+            .map(|(f, _)| *f)
+            .collect();
+        tracing::info!(
+            stored = found.len(),
+            of = appending.records.len(),
+            "a batch was being appended at the last stop; what was stored will not be stored again"
+        );
+        state.expected.extend(found.into_iter().map(|f| (1, f)));
+        state.persist();
+    }
+
+    /// A batch is about to be appended (see [`Appending`]): if the process
+    /// dies before [`Redelivery::acknowledging`], the next run looks for
+    /// its records in the buffer.
+    pub fn appending(&self, appending: Appending) {
+        let mut state = self.lock();
+        if state.given_up {
+            return;
+        }
+        state.appending = Some(appending);
+        state.persist();
+    }
+
     /// Remembers in `path` too, starting with what the last run left
     /// there. A file that cannot be read or written is logged and leaves
     /// delivery at least once; it never stops the source.
     pub fn open(path: &Path, source: &str) -> Redelivery {
-        let expected = match std::fs::read(path) {
+        let (expected, appending) = match std::fs::read(path) {
             Ok(bytes) => decode(&bytes).unwrap_or_else(|| {
                 tracing::warn!(%source, path = %path.display(), "unreadable list of unacknowledged messages: ignored (they may be stored twice)");
-                VecDeque::new()
+                (VecDeque::new(), None)
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => VecDeque::new(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (VecDeque::new(), None),
             Err(e) => {
                 tracing::warn!(%source, path = %path.display(), error = %e, "cannot read the list of unacknowledged messages (they may be stored twice)");
-                VecDeque::new()
+                (VecDeque::new(), None)
             }
         };
         if !expected.is_empty() {
@@ -138,12 +189,14 @@ impl Redelivery {
                 tracing::warn!(%source, path = %path.display(), error = %e, "cannot keep the list of unacknowledged messages: after a crash they may be stored twice");
             })
             .ok();
-        Redelivery::with(expected, file)
+        let redelivery = Redelivery::with(expected, file);
+        redelivery.lock().appending = appending;
+        redelivery
     }
 
     fn with(expected: VecDeque<Fingerprint>, file: Option<File>) -> Redelivery {
         let state = State {
-            file_empty: expected.is_empty(),
+            file_empty: false,
             expected: expected.into_iter().map(|f| (1, f)).collect(),
             file,
             session_present: true,
@@ -227,6 +280,7 @@ impl Redelivery {
         messages: impl IntoIterator<Item = (u16, Fingerprint)>,
     ) {
         let mut state = self.lock();
+        state.appending = None;
         if state.given_up {
             return;
         }
@@ -321,17 +375,18 @@ impl Redelivery {
 }
 
 impl State {
-    /// Writes `expected` and `unacked` to the file, in one write (a torn
+    /// Writes `expected`, `unacked` and `appending` to the file, in one write (a torn
     /// one fails its checksum and is ignored on reading).
     fn persist(&mut self) {
-        let empty = self.expected.is_empty() && self.unacked.is_empty();
+        let empty = self.expected.is_empty() && self.unacked.is_empty() && self.appending.is_none();
         let Some(file) = &self.file else { return };
         if empty && self.file_empty {
             return;
         }
         let fingerprints =
             self.expected.iter().map(|(_, f)| f).chain(self.unacked.iter().map(|(_, f)| f));
-        let bytes = encode(fingerprints, self.expected.len() + self.unacked.len());
+        let n = self.expected.len() + self.unacked.len();
+        let bytes = encode(fingerprints, n, self.appending.as_ref());
         match file.write_all_at(&bytes, 0) {
             Ok(()) => self.file_empty = empty,
             Err(e) => {
@@ -342,40 +397,94 @@ impl State {
     }
 }
 
-/// Magic, count (u32 LE), the fingerprints (u64 LE), CRC-32C of all that.
-/// Whatever follows (an older, longer list) is ignored.
-fn encode<'a>(fingerprints: impl Iterator<Item = &'a Fingerprint>, n: usize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(12 + 8 * n);
+/// A batch being appended: where its records start at the earliest (the
+/// buffer's durable watermark before the append) and, per record, its
+/// message's fingerprint and the CRC-32C of the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appending {
+    pub from_seq: u64,
+    pub records: Vec<(Fingerprint, u32)>,
+}
+
+/// Magic; count (u32 LE) and the remembered fingerprints (u64 LE); 0, or 1
+/// and an [`Appending`] (from_seq u64, count u32, fingerprint u64 and
+/// CRC u32 each); CRC-32C of all that. Whatever follows (an older, longer
+/// list) is ignored.
+fn encode<'a>(
+    fingerprints: impl Iterator<Item = &'a Fingerprint>,
+    n: usize,
+    appending: Option<&Appending>,
+) -> Vec<u8> {
+    let tentative = appending.map_or(0, |a| a.records.len());
+    let mut bytes = Vec::with_capacity(25 + 8 * n + 12 * tentative);
     bytes.extend_from_slice(MAGIC);
     bytes.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
     for f in fingerprints {
         bytes.extend_from_slice(&f.0.to_le_bytes());
+    }
+    match appending {
+        None => bytes.push(0),
+        Some(a) => {
+            bytes.push(1);
+            bytes.extend_from_slice(&a.from_seq.to_le_bytes());
+            bytes.extend_from_slice(&u32::try_from(tentative).unwrap_or(u32::MAX).to_le_bytes());
+            for (f, crc) in &a.records {
+                bytes.extend_from_slice(&f.0.to_le_bytes());
+                bytes.extend_from_slice(&crc.to_le_bytes());
+            }
+        }
     }
     let crc = crc32c::crc32c(&bytes);
     bytes.extend_from_slice(&crc.to_le_bytes());
     bytes
 }
 
+/// A little-endian reader over the file's bytes; `None` past the end.
+struct Reader<'a>(&'a [u8], usize);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let bytes = self.0.get(self.1..self.1.checked_add(N)?)?.try_into().ok()?;
+        self.1 += N;
+        Some(bytes)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+    /// A count of at most [`MAX_REMEMBERED`].
+    fn count(&mut self) -> Option<usize> {
+        usize::try_from(self.u32()?).ok().filter(|n| *n <= MAX_REMEMBERED)
+    }
+}
+
 /// `None` for anything [`encode`] did not write.
-fn decode(bytes: &[u8]) -> Option<VecDeque<Fingerprint>> {
+fn decode(bytes: &[u8]) -> Option<(VecDeque<Fingerprint>, Option<Appending>)> {
     if bytes.is_empty() {
-        return Some(VecDeque::new());
+        return Some((VecDeque::new(), None));
     }
-    let n = usize::try_from(u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?)).ok()?;
-    if bytes.get(..4)? != MAGIC || n > MAX_REMEMBERED {
+    let mut r = Reader(bytes, 0);
+    if &r.take::<4>()? != MAGIC {
         return None;
     }
-    let end = 8 + 8 * n;
-    let crc = u32::from_le_bytes(bytes.get(end..end + 4)?.try_into().ok()?);
-    if crc32c::crc32c(&bytes[..end]) != crc {
-        return None;
-    }
-    Some(
-        bytes[8..end]
-            .chunks_exact(8)
-            .filter_map(|c| c.try_into().ok().map(|c| Fingerprint(u64::from_le_bytes(c))))
-            .collect(),
-    )
+    let n = r.count()?;
+    let expected = (0..n).map(|_| r.u64().map(Fingerprint)).collect::<Option<VecDeque<_>>>()?;
+    let appending = match r.take::<1>()? {
+        [0] => None,
+        [1] => {
+            let from_seq = r.u64()?;
+            let m = r.count()?;
+            let records = (0..m)
+                .map(|_| Some((Fingerprint(r.u64()?), r.u32()?)))
+                .collect::<Option<Vec<_>>>()?;
+            Some(Appending { from_seq, records })
+        }
+        _ => return None,
+    };
+    let end = r.1;
+    (crc32c::crc32c(&bytes[..end]) == r.u32()?).then_some((expected, appending))
 }
 
 #[cfg(test)]
@@ -563,25 +672,64 @@ mod tests {
         let path = dir.path().join("list");
         let r = Redelivery::open(&path, "s");
         r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
+        r.appending(Appending { from_seq: 7, records: vec![(fp("c"), 99)] });
         drop(r);
         let mut bytes = std::fs::read(&path).unwrap();
-        assert_eq!(decode(&bytes).unwrap().len(), 2);
+        let (list, appending) = decode(&bytes).unwrap();
+        assert_eq!(Vec::from(list), fps(&["a", "b"]));
+        assert_eq!(appending, Some(Appending { from_seq: 7, records: vec![(fp("c"), 99)] }));
+        for at in [4, 10, 24, 30, bytes.len() - 1] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 1;
+            assert!(decode(&damaged).is_none(), "byte {at}");
+        }
         bytes[10] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(Redelivery::open(&path, "s").remembered(), 0);
-        for bad in [&b"OGR1"[..], b"OGR1\xff\xff\xff\xff", b"XXXX\0\0\0\0\0\0\0\0", &bytes[..13]] {
+        let r = Redelivery::open(&path, "s");
+        assert_eq!((r.remembered(), r.interrupted_append()), (0, None));
+        for bad in [&b"OGR2"[..], b"OGR2\xff\xff\xff\xff", b"XXXX\0\0\0\0\0\0\0\0", &bytes[..13]] {
             assert!(decode(bad).is_none(), "{bad:?}");
         }
         // A shorter list over a longer one: the tail is ignored.
-        let r = Redelivery::open(&path, "s");
         r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
         assert!(r.barrier_due());
         r.acknowledging(0, [(3, fp("c"))]);
         r.barrier_answered();
         r.acknowledging(0, [(4, fp("d"))]);
         drop(r);
-        let list = decode(&std::fs::read(&path).unwrap()).unwrap();
-        assert_eq!(Vec::from(list), fps(&["c", "d"]));
+        let (list, appending) = decode(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!((Vec::from(list), appending), (fps(&["c", "d"]), None));
+    }
+
+    fn record(seq: u64, payload: &str) -> Record {
+        Record { seq, payload: bytes::Bytes::from(payload.to_owned()) }
+    }
+
+    #[test]
+    fn what_an_interrupted_append_stored_is_expected_and_the_rest_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list");
+        let r = Redelivery::open(&path, "s");
+        assert_eq!(r.interrupted_append(), None);
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a"))]);
+        let crc = |p: &str| crc32c::crc32c(p.as_bytes());
+        let batch = vec![(fp("b"), crc("record b")), (fp("c"), crc("record c"))];
+        r.appending(Appending { from_seq: 40, records: batch });
+        drop(r); // the crash: the append had stored b's record, not c's
+
+        let r = Redelivery::open(&path, "s");
+        assert_eq!(r.interrupted_append(), Some(40));
+        r.recover(&[record(40, "another source's"), record(41, "record b")]);
+        assert_eq!(r.interrupted_append(), None);
+        r.connected(1, true);
+        assert_eq!(r.resent(1, fps(&["a", "b", "c"])), [true, true, false]);
+
+        // A finished append leaves nothing to look for.
+        r.appending(Appending { from_seq: 50, records: vec![(fp("d"), crc("record d"))] });
+        r.acknowledging(1, [(2, fp("d"))]);
+        drop(r);
+        assert_eq!(Redelivery::open(&path, "s").interrupted_append(), None);
     }
 
     #[test]
