@@ -50,10 +50,24 @@
 //! (acknowledged to a device, not in the cloud) and duplicated (stored more
 //! than once). Goals: 0 lost, 0 duplicated, caught up within 5 s.
 //!
+//! **(3) Subscriber**: 10 devices publish `--messages` readings to a real
+//! Mosquitto (`max_inflight_messages` = `--inflight`); the gateway's MQTT
+//! client source (`[[sources.mqtt]]`) subscribes and appends them to its
+//! buffer. Messages/s until the gateway's health counts every one
+//! accepted (durable), and the gateway's CPU per message, with
+//! `recognise_resends = true` (the default: a barrier after each batch's
+//! acks, the list of unacknowledged messages written around each append;
+//! docs/sources.md "Sent again, stored once") beside `false` in the same
+//! run, alternated: what recognising resends costs. Run only with
+//! `--only=subscriber`: the source currently stalls in most runs at full
+//! speed (Mosquitto holds the rest, the source receives nothing more),
+//! with `recognise_resends` either way and in builds from before it, so
+//! there are no figures yet (BENCHMARKS.md, "MQTT intake").
+//!
 //! Options (after `--`): `--messages=N` (50000), `--devices=LIST` (10,1000),
 //! `--inflight=N` (100), `--rounds=N` (1), `--outage-rate=N` (500),
 //! `--outage-seconds=N` (20), `--outage-devices=N` (100),
-//! `--only=throughput|outage`, `--dir=PATH` (where data directories go;
+//! `--only=throughput|outage|subscriber`, `--dir=PATH` (where data directories go;
 //! the system temp directory by default, which must be a real disk),
 //! `--uplink=TOML` (extra lines for the throughput gateway's `[uplink]`
 //! table, e.g. `batch_max_events = 1000`), `--search-every=MS` (0: off;
@@ -138,8 +152,8 @@ impl Options {
             }
         }
         assert!(
-            matches!(o.only.as_deref(), None | Some("throughput" | "outage")),
-            "--only must be `throughput` or `outage`"
+            matches!(o.only.as_deref(), None | Some("throughput" | "outage" | "subscriber")),
+            "--only must be `throughput`, `outage` or `subscriber`"
         );
         o
     }
@@ -430,6 +444,86 @@ async fn throughput(options: &Options) {
     }
 }
 
+/// Fleet → Mosquitto → the gateway's MQTT client source → buffer: messages/s
+/// until every message is accepted, and the gateway's CPU per message, µs.
+async fn subscriber_run(options: &Options, recognise_resends: bool) -> (f64, f64) {
+    const DEVICES: usize = 10;
+    let tmp = options.temp_dir();
+    let extra = format!("max_inflight_messages {}\n", options.inflight);
+    let broker = Mosquitto::start(tmp.path(), &[], &extra, &[]).await.unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let source = format!(
+        "\n[[sources.mqtt]]\nname = \"fleet\"\nbroker = \"mqtt://{}\"\n\
+         recognise_resends = {recognise_resends}\nmax_clock_skew = \"1min\"\n{}",
+        broker.addr(),
+        fleet::GATEWAY_RULE.replace("KIND", "mqtt")
+    );
+    let grpc = cloud.receiver(Transport::Grpc);
+    let extra = format!("{}\n{source}", options.uplink);
+    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &extra);
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let pid = gateway.process.child.id().unwrap();
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + LIMIT;
+    // Subscribed first: what is published before has no session to go to.
+    while !health(&client, &gateway).await["sources"][0]["connected"].as_bool().unwrap_or(false) {
+        assert!(Instant::now() < deadline, "the MQTT source never subscribed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let config = fleet_config(DEVICES, options.messages, options.inflight, "sub");
+    let (progress, fleet) = spawn_fleet(config, &broker.addr());
+    let start = started(&progress).await;
+    let cpu_before = cpu_seconds(pid);
+    loop {
+        let health = health(&client, &gateway).await;
+        if health["sources"][0]["accepted_total"].as_u64().unwrap_or(0) >= options.messages {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the source did not take every message: {health}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let rate = options.messages as f64 / start.elapsed().as_secs_f64();
+    let cpu_us = per_message_us(cpu_seconds(pid) - cpu_before, options.messages);
+    let report = fleet.await.unwrap();
+    assert_eq!(report.acked, options.messages, "mosquitto acknowledged every message");
+    gateway.process.kill9().await.unwrap();
+    cloud.process.terminate().await.unwrap();
+    (rate, cpu_us)
+}
+
+async fn subscriber(options: &Options) {
+    println!(
+        "\n(3) subscriber: {} readings from 10 devices through Mosquitto ({} in flight) to the gateway's MQTT client source, until accepted",
+        options.messages, options.inflight
+    );
+    println!(
+        "    round  resends recognised msg/s  not recognised msg/s  ratio  CPU us/msg on / off"
+    );
+    let mut ratios = Vec::new();
+    for round in 0..options.rounds {
+        let (on, off) = if round % 2 == 0 {
+            let on = subscriber_run(options, true).await;
+            (on, subscriber_run(options, false).await)
+        } else {
+            let off = subscriber_run(options, false).await;
+            (subscriber_run(options, true).await, off)
+        };
+        let ratio = on.0 / off.0;
+        ratios.push(ratio);
+        println!(
+            "    {:>5}  {:>24.0}  {:>20.0}  {ratio:>5.2}  {:>10.1} / {:.1}",
+            round + 1,
+            on.0,
+            off.0,
+            on.1,
+            off.1
+        );
+    }
+    println!("    recognised / not recognised = {:.2} (median)", median(&mut ratios));
+}
+
 /// Every stored `fleet.reading`, by message id: how many times each is
 /// stored. Pages back through event time (the API lists newest first,
 /// 1000 at most); events at a page's boundary millisecond are fetched
@@ -620,6 +714,10 @@ fn main() {
         }
         if options.wants("outage") {
             outage(&options).await;
+        }
+        // Only when asked for: see its header note.
+        if options.only.as_deref() == Some("subscriber") {
+            subscriber(&options).await;
         }
     });
 }
