@@ -59,10 +59,8 @@
 //! acks, the list of unacknowledged messages written around each append;
 //! docs/sources.md "Sent again, stored once") beside `false` in the same
 //! run, alternated: what recognising resends costs. Run only with
-//! `--only=subscriber`: the source currently stalls in most runs at full
-//! speed (Mosquitto holds the rest, the source receives nothing more),
-//! with `recognise_resends` either way and in builds from before it, so
-//! there are no figures yet (BENCHMARKS.md, "MQTT intake").
+//! `--only=subscriber` (it found the source stopping for good at full
+//! speed; BENCHMARKS.md, "MQTT intake").
 //!
 //! Options (after `--`): `--messages=N` (50000), `--devices=LIST` (10,1000),
 //! `--inflight=N` (100), `--rounds=N` (1), `--outage-rate=N` (500),
@@ -715,7 +713,7 @@ fn main() {
         if options.wants("outage") {
             outage(&options).await;
         }
-        // Only when asked for: see its header note.
+        // Only when asked for: not part of the issue-8 goal.
         if options.only.as_deref() == Some("subscriber") {
             subscriber(&options).await;
         }

@@ -46,9 +46,15 @@ use session::{Message, Options, Poller};
 /// `broker` value naming the embedded broker.
 pub const EMBEDDED: &str = "embedded";
 
-/// Acks and subscriptions queued for the event loop. Acks outstanding never
-/// exceed the broker's in-flight window (mosquitto: 20, embedded: 100).
-const REQUEST_CAPACITY: usize = 4096;
+/// Acks, barriers and subscriptions queued for the event loop. Queuing an
+/// ack must never wait: the processor would wait for the poller to write
+/// acks while the poller waits for the processor to take messages, and
+/// the source would stop for good. Unacknowledged messages are bounded by
+/// the packet-id space (65,535), not by a broker's in-flight setting
+/// (Mosquitto sent thousands past its default of 20 when acks came in
+/// bursts, and filled a queue of 4,096), so the queue holds that many
+/// plus room for the rest. flume allocates only what is queued.
+const REQUEST_CAPACITY: usize = 65_536 + 1024;
 
 /// Most records (and bytes) read back to find a batch whose append a
 /// crash interrupted: its own and whatever other sources appended beside it.

@@ -289,3 +289,71 @@ async fn cut_while_reads_flow(protocol: MqttProtocol) {
     shutdown.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }
+
+/// A buffer whose first append waits until `open` is notified.
+struct GatedBuffer {
+    inner: Arc<dyn Buffer>,
+    open: tokio::sync::Notify,
+    first: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl Buffer for GatedBuffer {
+    async fn append(&self, records: Vec<Bytes>) -> Result<std::ops::RangeInclusive<u64>> {
+        if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.open.notified().await;
+        }
+        self.inner.append(records).await
+    }
+    async fn read(
+        &self,
+        from: u64,
+        max: usize,
+        bytes: usize,
+    ) -> Result<Vec<crate::buffer::Record>> {
+        self.inner.read(from, max, bytes).await
+    }
+    async fn ack(&self, up_to: u64) -> Result<()> {
+        self.inner.ack(up_to).await
+    }
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.subscribe()
+    }
+    fn stats(&self) -> crate::buffer::BufferStats {
+        self.inner.stats()
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
+
+/// A backlog far beyond any in-flight setting: Mosquitto sends the source
+/// thousands of messages unacknowledged while its first append waits, and
+/// its acks then pile up faster than rumqttc writes them. Queuing an ack
+/// must not wait for that (the source used to stop for good once 4,096
+/// were queued: the processor waited on the poller and the poller on the
+/// processor).
+#[tokio::test]
+async fn a_backlog_of_unacknowledged_messages_does_not_stop_the_source() {
+    const N: u64 = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let mut config = config(&format!("mqtt://{addr}"), "backlog");
+    config.batch_max = 256;
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let gated = Arc::new(GatedBuffer {
+        inner: Arc::clone(&buffer),
+        open: tokio::sync::Notify::new(),
+        first: true.into(),
+    });
+    let here = tokio::runtime::Handle::current();
+    let (task, health, shutdown) =
+        start(&config, dir.path(), Arc::clone(&gated) as Arc<dyn Buffer>, &here).await;
+    publish(addr, N, "backlog").await;
+    gated.open.notify_one();
+    let counts = stored(&buffer, N).await;
+    assert_eq!(counts.len() as u64, N);
+    assert_eq!(health.to_json()["accepted_total"], N);
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+}
