@@ -59,24 +59,43 @@ async fn start(
     (task, health, shutdown)
 }
 
-/// A buffer whose first append stores its records and then never
-/// returns, as when the process dies in the append's fsync; it says so
-/// on `stalled`.
-struct StallingBuffer {
+/// How a [`HeldBuffer`] holds its first append.
+enum Hold {
+    /// Until notified, then it appends.
+    Until(Arc<tokio::sync::Notify>),
+    /// It appends, says so, and never returns: as when the process dies in
+    /// the append's fsync.
+    Forever(tokio::sync::oneshot::Sender<()>),
+}
+
+/// A buffer whose first append is held; the others go straight through.
+struct HeldBuffer {
     inner: Arc<dyn Buffer>,
-    stalled: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    hold: std::sync::Mutex<Option<Hold>>,
+}
+
+impl HeldBuffer {
+    fn over(inner: &Arc<dyn Buffer>, hold: Hold) -> Arc<dyn Buffer> {
+        Arc::new(HeldBuffer { inner: Arc::clone(inner), hold: Some(hold).into() })
+    }
 }
 
 #[async_trait]
-impl Buffer for StallingBuffer {
+impl Buffer for HeldBuffer {
     async fn append(&self, records: Vec<Bytes>) -> Result<std::ops::RangeInclusive<u64>> {
-        let range = self.inner.append(records).await;
-        let stalled = self.stalled.lock().unwrap().take();
-        if let Some(stalled) = stalled {
-            let _ = stalled.send(());
-            std::future::pending::<()>().await;
+        let hold = self.hold.lock().unwrap().take();
+        match hold {
+            None => self.inner.append(records).await,
+            Some(Hold::Until(open)) => {
+                open.notified().await;
+                self.inner.append(records).await
+            }
+            Some(Hold::Forever(stalled)) => {
+                let _ = self.inner.append(records).await;
+                let _ = stalled.send(());
+                std::future::pending().await
+            }
         }
-        range
     }
     async fn read(
         &self,
@@ -213,8 +232,8 @@ async fn a_batch_stored_as_the_process_died_and_sent_again_is_stored_once() {
     let doomed =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let (stalled_tx, stalled) = tokio::sync::oneshot::channel();
-    let stalling = StallingBuffer { inner: Arc::clone(&buffer), stalled: Some(stalled_tx).into() };
-    let (_task, _, _) = start(&config, dir.path(), Arc::new(stalling), doomed.handle()).await;
+    let held = HeldBuffer::over(&buffer, Hold::Forever(stalled_tx));
+    let (_task, _, _) = start(&config, dir.path(), held, doomed.handle()).await;
     publish(addr, READS, "crash").await;
     tokio::time::timeout(WAIT, stalled).await.unwrap().unwrap();
     doomed.shutdown_background();
@@ -290,43 +309,6 @@ async fn cut_while_reads_flow(protocol: MqttProtocol) {
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }
 
-/// A buffer whose first append waits until `open` is notified.
-struct GatedBuffer {
-    inner: Arc<dyn Buffer>,
-    open: tokio::sync::Notify,
-    first: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait]
-impl Buffer for GatedBuffer {
-    async fn append(&self, records: Vec<Bytes>) -> Result<std::ops::RangeInclusive<u64>> {
-        if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            self.open.notified().await;
-        }
-        self.inner.append(records).await
-    }
-    async fn read(
-        &self,
-        from: u64,
-        max: usize,
-        bytes: usize,
-    ) -> Result<Vec<crate::buffer::Record>> {
-        self.inner.read(from, max, bytes).await
-    }
-    async fn ack(&self, up_to: u64) -> Result<()> {
-        self.inner.ack(up_to).await
-    }
-    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.subscribe()
-    }
-    fn stats(&self) -> crate::buffer::BufferStats {
-        self.inner.stats()
-    }
-    async fn close(&self) -> Result<()> {
-        self.inner.close().await
-    }
-}
-
 /// A backlog far beyond any in-flight setting: Mosquitto sends the source
 /// thousands of messages unacknowledged while its first append waits, and
 /// its acks then pile up faster than rumqttc writes them. Queuing an ack
@@ -341,16 +323,12 @@ async fn a_backlog_of_unacknowledged_messages_does_not_stop_the_source() {
     let mut config = config(&format!("mqtt://{addr}"), "backlog");
     config.batch_max = 256;
     let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
-    let gated = Arc::new(GatedBuffer {
-        inner: Arc::clone(&buffer),
-        open: tokio::sync::Notify::new(),
-        first: true.into(),
-    });
+    let open = Arc::new(tokio::sync::Notify::new());
+    let held = HeldBuffer::over(&buffer, Hold::Until(Arc::clone(&open)));
     let here = tokio::runtime::Handle::current();
-    let (task, health, shutdown) =
-        start(&config, dir.path(), Arc::clone(&gated) as Arc<dyn Buffer>, &here).await;
+    let (task, health, shutdown) = start(&config, dir.path(), held, &here).await;
     publish(addr, N, "backlog").await;
-    gated.open.notify_one();
+    open.notify_one();
     let counts = stored(&buffer, N).await;
     assert_eq!(counts.len() as u64, N);
     assert_eq!(health.to_json()["accepted_total"], N);
