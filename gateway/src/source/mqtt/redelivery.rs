@@ -11,7 +11,11 @@
 //! the connection. Proof is a barrier: an UNSUBSCRIBE of a filter we never
 //! subscribed, queued after the acks. A broker handles a connection's
 //! packets in order, so its UNSUBACK means every PUBACK before it was
-//! read. What is still remembered when a connection ends (or listed in the
+//! read. An answer counts only when its packet id is the one the barrier
+//! was written with, on the connection it was written on: rumqttc carries
+//! an unwritten UNSUBSCRIBE over to the next connection, and an answer
+//! taken for the wrong barrier would cover acks the broker never read.
+//! What is still remembered when a connection ends (or listed in the
 //! file the last run left) may come again on the next: each message
 //! arriving there equal to one of them is acknowledged and not stored; the
 //! first one that is not ends the resent run.
@@ -87,17 +91,14 @@ struct State {
     /// by serial number, not yet covered by an answered barrier.
     unacked: VecDeque<(u64, Fingerprint)>,
     next_serial: u64,
-    /// The barrier queued and not yet answered: it covers the messages
-    /// with a serial number below `covers`.
+    /// The barrier queued and not yet answered (at most one): it covers
+    /// the messages with a serial number below `covers`.
     barrier: Option<Barrier>,
     /// The broker answers no barrier: nothing is remembered any more.
     given_up: bool,
     /// The batch being appended, until it is remembered as acknowledged;
     /// read back from the file after a crash, until recovered.
     appending: Option<Appending>,
-    /// Answers to ignore: barriers of an earlier connection that rumqttc
-    /// may send again on the next.
-    stale_answers: u32,
     file: Option<File>,
     /// The file names no message (saves rewriting it empty).
     file_empty: bool,
@@ -110,8 +111,8 @@ struct State {
 #[derive(Debug, Clone, Copy)]
 struct Barrier {
     covers: u64,
-    queued: Instant,
-    connection: u64,
+    /// Once written: its packet id, when, and on which connection.
+    written: Option<(u16, Instant, u64)>,
 }
 
 impl Redelivery {
@@ -223,8 +224,9 @@ impl Redelivery {
         let mut state = self.lock();
         state.connection = connection;
         state.session_present = session_present;
-        if state.barrier.take().is_some() {
-            state.stale_answers += 1;
+        if state.barrier.is_some_and(|b| b.written.is_some_and(|(_, _, on)| on < connection)) {
+            // Never answered now (`disconnected` drops it already).
+            state.barrier = None;
         }
         if !session_present {
             state.expected.clear();
@@ -284,8 +286,9 @@ impl Redelivery {
         if state.given_up {
             return;
         }
+        let current = state.connection;
         if state.barrier.is_some_and(|b| {
-            b.connection == state.connection && b.queued.elapsed() > BARRIER_PATIENCE
+            b.written.is_some_and(|(_, at, on)| on == current && at.elapsed() > BARRIER_PATIENCE)
         }) {
             tracing::warn!(
                 "the MQTT broker answers no UNSUBSCRIBE of a filter never subscribed: messages it sends again after a lost connection or a crash may be stored twice (set recognise_resends = false to skip this check)"
@@ -304,8 +307,9 @@ impl Redelivery {
                 state.unacked.push_back((serial, f));
             }
         } else if state.session_present {
-            let current = state.connection;
-            state.expected.extend(messages.map(|(_, f)| (current, f)));
+            // Their acks go out on a later connection: each one since
+            // `connection` may have brought them again already.
+            state.expected.extend(messages.map(|(_, f)| (connection + 1, f)));
         }
         let excess = (state.expected.len() + state.unacked.len()).saturating_sub(MAX_REMEMBERED);
         let from_expected = excess.min(state.expected.len());
@@ -321,12 +325,33 @@ impl Redelivery {
         if state.barrier.is_some() || state.unacked.is_empty() {
             return false;
         }
-        state.barrier = Some(Barrier {
-            covers: state.next_serial,
-            queued: Instant::now(),
-            connection: state.connection,
-        });
+        state.barrier = Some(Barrier { covers: state.next_serial, written: None });
         true
+    }
+
+    /// The poller saw the barrier written, with this packet id, on the
+    /// current connection (rumqttc writes requests in the order queued,
+    /// and only our barriers unsubscribe).
+    pub fn barrier_written(&self, pkid: u16) {
+        let mut state = self.lock();
+        let connection = state.connection;
+        if let Some(barrier) = state.barrier.as_mut().filter(|b| b.written.is_none()) {
+            barrier.written = Some((pkid, Instant::now(), connection));
+        }
+    }
+
+    /// The connection ended. A barrier written on it is never answered
+    /// now, nor one rumqttc held over for the next connection that the
+    /// poller dropped (`dropped`): the processor may queue another. One
+    /// still queued goes out on the next connection, after the acks queued
+    /// before it, and still counts.
+    pub fn disconnected(&self, dropped: bool) {
+        let mut state = self.lock();
+        if state.barrier.is_some_and(|b| dropped || b.written.is_some()) {
+            state.barrier = None;
+            drop(state);
+            self.answered.notify_one();
+        }
     }
 
     /// Resolves after a barrier was answered, for the processor to queue
@@ -341,23 +366,25 @@ impl Redelivery {
         !self.lock().unacked.is_empty()
     }
 
-    /// The poller got an UNSUBACK: the broker read every PUBACK queued
-    /// before the barrier.
-    pub fn barrier_answered(&self) {
+    /// The poller got an UNSUBACK for `pkid`: if it answers the barrier
+    /// out, the broker read every PUBACK queued before it. Any other
+    /// answer proves nothing and is ignored.
+    pub fn barrier_answered(&self, pkid: u16) {
         let mut state = self.lock();
-        if state.stale_answers > 0 {
-            // Perhaps the old connection's barrier sent again, perhaps the
-            // new one's: count neither, and ask for another.
-            state.stale_answers -= 1;
-            state.barrier = None;
-        } else if let Some(barrier) = state.barrier.take() {
-            let before = state.unacked.len();
-            while state.unacked.front().is_some_and(|(serial, _)| *serial < barrier.covers) {
-                state.unacked.pop_front();
-            }
-            if state.unacked.len() < before {
-                state.persist();
-            }
+        let current = state.connection;
+        let answers =
+            |b: &Barrier| b.written.is_some_and(|(id, _, on)| id == pkid && on == current);
+        let Some(barrier) = state.barrier.filter(answers) else {
+            tracing::debug!(pkid, "an UNSUBACK that answers no barrier out: ignored");
+            return;
+        };
+        state.barrier = None;
+        let before = state.unacked.len();
+        while state.unacked.front().is_some_and(|(serial, _)| *serial < barrier.covers) {
+            state.unacked.pop_front();
+        }
+        if state.unacked.len() < before {
+            state.persist();
         }
         drop(state);
         self.answered.notify_one();
@@ -506,10 +533,11 @@ mod tests {
         assert_eq!(Fingerprint::of("t", b"1"), Fingerprint::of("t", b"1"));
     }
 
-    /// Queues a barrier after what is remembered, and answers it.
+    /// Queues a barrier after what is remembered, writes and answers it.
     fn barrier(r: &Redelivery) {
         assert!(r.barrier_due());
-        r.barrier_answered();
+        r.barrier_written(9);
+        r.barrier_answered(9);
     }
 
     #[test]
@@ -537,9 +565,10 @@ mod tests {
         assert!(!r.barrier_due(), "nothing waits");
         r.acknowledging(1, [(1, fp("a"))]);
         assert!(r.barrier_due());
+        r.barrier_written(5);
         r.acknowledging(1, [(2, fp("b"))]);
         assert!(!r.barrier_due(), "one barrier out at a time");
-        r.barrier_answered();
+        r.barrier_answered(5);
         assert_eq!(r.remembered(), 1);
         // b still waits: the processor is told to queue the next barrier.
         tokio::time::timeout(Duration::from_secs(5), r.answered()).await.unwrap();
@@ -549,7 +578,7 @@ mod tests {
         assert_eq!(r.remembered(), 0);
         // An answer without a barrier out covers nothing.
         r.acknowledging(1, [(3, fp("c"))]);
-        r.barrier_answered();
+        r.barrier_answered(9);
         assert_eq!(r.remembered(), 1);
     }
 
@@ -559,14 +588,20 @@ mod tests {
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a"))]);
         assert!(r.barrier_due());
-        // Disconnected meanwhile: the time does not count against it.
+        // Queued, not yet written: the time does not count against it.
+        tokio::time::advance(BARRIER_PATIENCE * 2).await;
+        r.acknowledging(1, [(2, fp("b"))]);
+        r.barrier_written(1);
+        // Nor does it once the connection ended.
+        r.disconnected(false);
         tokio::time::advance(BARRIER_PATIENCE * 2).await;
         r.connected(2, true);
         r.acknowledging(2, [(2, fp("b"))]);
         assert!(r.barrier_due());
+        r.barrier_written(2);
         tokio::time::advance(BARRIER_PATIENCE / 2).await;
         r.acknowledging(2, [(3, fp("c"))]);
-        assert_eq!(r.remembered(), 3);
+        assert_eq!(r.remembered(), 4);
         // A minute on with messages flowing and no answer: given up.
         tokio::time::advance(BARRIER_PATIENCE).await;
         r.acknowledging(2, [(4, fp("d"))]);
@@ -577,20 +612,43 @@ mod tests {
     }
 
     #[test]
-    fn a_barrier_of_the_old_connection_answered_on_the_new_covers_nothing() {
+    fn only_the_answer_to_the_barrier_out_on_its_connection_counts() {
         let r = Redelivery::in_memory();
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a"))]);
         assert!(r.barrier_due());
+        r.barrier_written(7);
+        // Written on a connection that ended: never answered now.
+        r.disconnected(false);
         r.connected(2, true);
         r.acknowledging(2, [(1, fp("x"))]);
         assert!(r.barrier_due());
-        // rumqttc sent the old barrier again: its answer proves nothing
-        // about x's ack.
-        r.barrier_answered();
-        assert_eq!(r.remembered(), 2);
+        r.barrier_written(8);
+        r.acknowledging(2, [(2, fp("y"))]);
+        // An answer to another packet id proves nothing about x's ack, and
+        // leaves the barrier out.
+        r.barrier_answered(7);
+        assert_eq!(r.remembered(), 3);
+        assert!(!r.barrier_due());
+        r.barrier_answered(8);
+        assert_eq!(r.remembered(), 2, "a is still expected, y waits");
+
+        // Queued when the connection ended and held over by rumqttc, which
+        // the poller dropped: another may be queued.
+        assert!(r.barrier_due());
+        r.disconnected(true);
+        assert!(r.barrier_due(), "the dropped barrier is not waited for");
+        // Still queued when the connection ended: it goes out on the next,
+        // after the acks queued before it, and counts there.
+        r.disconnected(false);
+        assert!(!r.barrier_due());
+        r.connected(3, true);
+        r.acknowledging(3, [(1, fp("z"))]);
+        r.barrier_written(3);
+        r.barrier_answered(3);
+        assert_eq!(r.remembered(), 3, "a and y expected, z not covered");
         barrier(&r);
-        assert_eq!(r.remembered(), 1, "a is still expected");
+        assert_eq!(r.remembered(), 2);
     }
 
     #[test]
@@ -607,6 +665,12 @@ mod tests {
         // No barrier on the new connection covers them.
         assert!(!r.barrier_due());
         assert_eq!(r.resent(2, fps(&["a", "b", "a", "a"])), [true, true, true, false]);
+
+        // Handled after two reconnects: they may come again on the first.
+        r.connected(3, true);
+        r.connected(4, true);
+        r.acknowledging(2, [(4, fp("c"))]);
+        assert_eq!(r.resent(3, fps(&["c", "d"])), [true, false]);
     }
 
     #[test]
@@ -693,8 +757,9 @@ mod tests {
         // A shorter list over a longer one: the tail is ignored.
         r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
         assert!(r.barrier_due());
+        r.barrier_written(1);
         r.acknowledging(0, [(3, fp("c"))]);
-        r.barrier_answered();
+        r.barrier_answered(1);
         r.acknowledging(0, [(4, fp("d"))]);
         drop(r);
         let (list, appending) = decode(&std::fs::read(&path).unwrap()).unwrap();

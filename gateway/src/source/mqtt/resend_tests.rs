@@ -178,20 +178,65 @@ async fn mosquitto(dir: &Path) -> (tokio::process::Child, SocketAddr) {
     (child, addr)
 }
 
-/// A TCP proxy to `upstream`; `cut` drops every connection open at the
-/// time, both sides, with whatever they had not passed on.
+/// A TCP proxy to `upstream`. `cut` ends every connection open at the
+/// time, dropping what the source had not passed on; of the broker's, the
+/// next bytes it sends (several messages, while reads flow) reach the
+/// source together with the end of the stream (in one poll of this task:
+/// the tests run on one thread). Its client then reads messages and the
+/// loss of their connection at once, as when a link fails under load.
 async fn proxy(upstream: SocketAddr, cut: Arc<tokio::sync::Notify>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        while let Ok((mut near, _)) = listener.accept().await {
-            let Ok(mut far) = tokio::net::TcpStream::connect(upstream).await else { continue };
+        while let Ok((near, _)) = listener.accept().await {
+            let Ok(far) = tokio::net::TcpStream::connect(upstream).await else { continue };
             let cut = Arc::clone(&cut);
             tokio::spawn(async move {
-                tokio::select! {
-                    _ = tokio::io::copy_bidirectional(&mut near, &mut far) => {}
-                    () = cut.notified() => {}
+                let (mut near_rx, mut near_tx) = near.into_split();
+                let (mut far_rx, mut far_tx) = far.into_split();
+                let (stop_up, stopped) = tokio::sync::oneshot::channel::<()>();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::io::copy(&mut near_rx, &mut far_tx) => {}
+                        _ = stopped => {}
+                    }
+                    drop(far_tx);
+                    // What the source sends from now on is lost, but read:
+                    // closing with it unread would reset the connection,
+                    // and the source would lose what it has not read yet.
+                    let mut lost = tokio::io::sink();
+                    let drain = tokio::io::copy(&mut near_rx, &mut lost);
+                    let _ = tokio::time::timeout(WAIT, drain).await;
+                });
+                let cut = cut.notified();
+                tokio::pin!(cut);
+                let mut chunk = vec![0; 64 * 1024];
+                loop {
+                    tokio::select! {
+                        read = far_rx.read(&mut chunk) => match read {
+                            Ok(n) if n > 0 && near_tx.write_all(&chunk[..n]).await.is_ok() => {}
+                            _ => break,
+                        },
+                        () = cut.as_mut() => {
+                            // A few messages (the broker's in-flight
+                            // window allows more) and then the end.
+                            let mut held = Vec::new();
+                            let hold = async {
+                                while held.len() < 256 {
+                                    match far_rx.read(&mut chunk).await {
+                                        Ok(n) if n > 0 => held.extend_from_slice(&chunk[..n]),
+                                        _ => break,
+                                    }
+                                }
+                            };
+                            let _ = tokio::time::timeout(Duration::from_secs(2), hold).await;
+                            let _ = near_tx.write_all(&held).await;
+                            break;
+                        }
+                    }
                 }
+                let _ = stop_up.send(());
             });
         }
     });

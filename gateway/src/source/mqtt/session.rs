@@ -6,10 +6,9 @@
 //! The poller drives the event loop: connects, subscribes on every
 //! CONNACK, reconnects after errors with capped exponential backoff and
 //! writes the acks and barriers the processor queues (telling
-//! [`Redelivery`] of connections and answered barriers). "Connected" in
-//! health means
-//! connected and subscribed (SUBACK seen): from then on the broker keeps
-//! messages for the session.
+//! [`Redelivery`] of connections made and lost, and of barriers written
+//! and answered). "Connected" in health means connected and subscribed
+//! (SUBACK seen): from then on the broker keeps messages for the session.
 
 use std::sync::Arc;
 
@@ -146,6 +145,85 @@ impl Poller {
         self.health.set_connected(true);
     }
 
+    /// Handles one event of the 3.1.1 client; `false` once it stops.
+    async fn on_v4(
+        &mut self,
+        event: rumqttc::Event,
+        client: &rumqttc::AsyncClient,
+        filters: &[rumqttc::SubscribeFilter],
+    ) -> bool {
+        use rumqttc::{Event, Packet, SubscribeReasonCode};
+        match event {
+            Event::Incoming(Packet::ConnAck(ack)) => {
+                self.connected(ack.session_present);
+                if !filters.is_empty() && client.try_subscribe_many(filters.to_vec()).is_err() {
+                    tracing::warn!(source = %self.health.name, "cannot queue the subscription");
+                }
+            }
+            Event::Incoming(Packet::SubAck(ack)) => self.subscribed(
+                ack.return_codes
+                    .iter()
+                    .filter(|c| matches!(c, SubscribeReasonCode::Failure))
+                    .count(),
+            ),
+            Event::Incoming(Packet::Publish(publish)) => {
+                let message = Message {
+                    topic: publish.topic.clone(),
+                    payload: publish.payload.clone(),
+                    pkid: publish.pkid,
+                    connection: self.connections,
+                    ack: Ack::V4(publish),
+                };
+                self.deliver(message).await;
+            }
+            Event::Outgoing(Outgoing::Unsubscribe(pkid)) => self.redelivery.barrier_written(pkid),
+            Event::Incoming(Packet::UnsubAck(ack)) => self.redelivery.barrier_answered(ack.pkid),
+            Event::Outgoing(Outgoing::Disconnect) => return false,
+            _ => {}
+        }
+        true
+    }
+
+    /// Handles one event of the MQTT 5 client; `false` once it stops.
+    async fn on_v5(
+        &mut self,
+        event: v5::Event,
+        client: &v5::AsyncClient,
+        filters: &[v5::mqttbytes::v5::Filter],
+    ) -> bool {
+        use v5::Event;
+        use v5::mqttbytes::v5::{Packet, SubscribeReasonCode};
+        match event {
+            Event::Incoming(Packet::ConnAck(ack)) => {
+                self.connected(ack.session_present);
+                if !filters.is_empty() && client.try_subscribe_many(filters.to_vec()).is_err() {
+                    tracing::warn!(source = %self.health.name, "cannot queue the subscription");
+                }
+            }
+            Event::Incoming(Packet::SubAck(ack)) => self.subscribed(
+                ack.return_codes
+                    .iter()
+                    .filter(|c| !matches!(c, SubscribeReasonCode::Success(_)))
+                    .count(),
+            ),
+            Event::Incoming(Packet::Publish(publish)) => {
+                let message = Message {
+                    topic: String::from_utf8_lossy(&publish.topic).into_owned(),
+                    payload: publish.payload.clone(),
+                    pkid: publish.pkid,
+                    connection: self.connections,
+                    ack: Ack::V5(publish),
+                };
+                self.deliver(message).await;
+            }
+            Event::Outgoing(Outgoing::Unsubscribe(pkid)) => self.redelivery.barrier_written(pkid),
+            Event::Incoming(Packet::UnsubAck(ack)) => self.redelivery.barrier_answered(ack.pkid),
+            Event::Outgoing(Outgoing::Disconnect) => return false,
+            _ => {}
+        }
+        true
+    }
+
     /// Hands a message over; a closed channel means the processor stopped
     /// and the message stays unacknowledged.
     async fn deliver(&self, message: Message) {
@@ -171,94 +249,75 @@ impl Poller {
 }
 
 async fn poll_v4(mut eventloop: rumqttc::EventLoop, client: rumqttc::AsyncClient, mut p: Poller) {
-    use rumqttc::{Event, Packet, SubscribeFilter, SubscribeReasonCode};
-    let filters: Vec<SubscribeFilter> =
-        p.filters.iter().map(|f| SubscribeFilter::new(f.clone(), p.qos)).collect();
+    let filters: Vec<rumqttc::SubscribeFilter> =
+        p.filters.iter().map(|f| rumqttc::SubscribeFilter::new(f.clone(), p.qos)).collect();
     let mut rng = StdRng::from_os_rng();
     loop {
         let event = tokio::select! {
             event = eventloop.poll() => event,
             () = p.stop.cancelled() => return,
         };
-        match event {
-            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                p.connected(ack.session_present);
-                if !filters.is_empty() && client.try_subscribe_many(filters.clone()).is_err() {
-                    tracing::warn!(source = %p.health.name, "cannot queue the subscription");
-                }
-            }
-            Ok(Event::Incoming(Packet::SubAck(ack))) => p.subscribed(
-                ack.return_codes
-                    .iter()
-                    .filter(|c| matches!(c, SubscribeReasonCode::Failure))
-                    .count(),
-            ),
-            Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let message = Message {
-                    topic: publish.topic.clone(),
-                    payload: publish.payload.clone(),
-                    pkid: publish.pkid,
-                    connection: p.connections,
-                    ack: Ack::V4(publish),
-                };
-                p.deliver(message).await;
-            }
-            Ok(Event::Incoming(Packet::UnsubAck(_))) => p.redelivery.barrier_answered(),
-            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
-            Ok(_) => {}
+        let error = match event {
+            Ok(event) => match p.on_v4(event, &client, &filters).await {
+                true => continue,
+                false => return,
+            },
             Err(rumqttc::ConnectionError::RequestsDone) => return,
-            Err(e) => {
-                if !p.failed(e.to_string(), &mut rng).await {
-                    return;
-                }
+            Err(e) => e.to_string(),
+        };
+        // The poll that failed may have read packets of the connection
+        // that ended (rumqttc reads up to ten at a time): they are its, and
+        // are handled before the next connection starts.
+        let left: Vec<_> = eventloop.state.events.drain(..).collect();
+        for event in left {
+            if !p.on_v4(event, &client, &filters).await {
+                return;
             }
+        }
+        // rumqttc would write a barrier it holds over on the next
+        // connection, where its answer proves nothing.
+        let queued = eventloop.pending.len();
+        eventloop.pending.retain(|r| !matches!(r, rumqttc::Request::Unsubscribe(_)));
+        p.redelivery.disconnected(eventloop.pending.len() < queued);
+        if !p.failed(error, &mut rng).await {
+            return;
         }
     }
 }
 
 async fn poll_v5(mut eventloop: v5::EventLoop, client: v5::AsyncClient, mut p: Poller) {
-    use v5::Event;
-    use v5::mqttbytes::v5::{Filter, Packet, SubscribeReasonCode};
-    let filters: Vec<Filter> =
-        p.filters.iter().map(|f| Filter::new(f.clone(), qos5(p.qos))).collect();
+    let filters: Vec<v5::mqttbytes::v5::Filter> =
+        p.filters.iter().map(|f| v5::mqttbytes::v5::Filter::new(f.clone(), qos5(p.qos))).collect();
     let mut rng = StdRng::from_os_rng();
     loop {
         let event = tokio::select! {
             event = eventloop.poll() => event,
             () = p.stop.cancelled() => return,
         };
-        match event {
-            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                p.connected(ack.session_present);
-                if !filters.is_empty() && client.try_subscribe_many(filters.clone()).is_err() {
-                    tracing::warn!(source = %p.health.name, "cannot queue the subscription");
-                }
-            }
-            Ok(Event::Incoming(Packet::SubAck(ack))) => p.subscribed(
-                ack.return_codes
-                    .iter()
-                    .filter(|c| !matches!(c, SubscribeReasonCode::Success(_)))
-                    .count(),
-            ),
-            Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let message = Message {
-                    topic: String::from_utf8_lossy(&publish.topic).into_owned(),
-                    payload: publish.payload.clone(),
-                    pkid: publish.pkid,
-                    connection: p.connections,
-                    ack: Ack::V5(publish),
-                };
-                p.deliver(message).await;
-            }
-            Ok(Event::Incoming(Packet::UnsubAck(_))) => p.redelivery.barrier_answered(),
-            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
-            Ok(_) => {}
+        let error = match event {
+            Ok(event) => match p.on_v5(event, &client, &filters).await {
+                true => continue,
+                false => return,
+            },
             Err(v5::ConnectionError::RequestsDone) => return,
-            Err(e) => {
-                if !p.failed(e.to_string(), &mut rng).await {
-                    return;
-                }
+            Err(e) => e.to_string(),
+        };
+        // The poll that failed may have read packets of the connection
+        // that ended (rumqttc reads up to ten at a time): they are its, and
+        // are handled before the next connection starts.
+        let left: Vec<_> = eventloop.state.events.drain(..).collect();
+        for event in left {
+            if !p.on_v5(event, &client, &filters).await {
+                return;
             }
+        }
+        // rumqttc would write a barrier it holds over on the next
+        // connection, where its answer proves nothing.
+        let queued = eventloop.pending.len();
+        eventloop.pending.retain(|r| !matches!(r, v5::Request::Unsubscribe(_)));
+        p.redelivery.disconnected(eventloop.pending.len() < queued);
+        if !p.failed(error, &mut rng).await {
+            return;
         }
     }
 }
