@@ -18,7 +18,9 @@
 //! What is still remembered when a connection ends (or listed in the
 //! file the last run left) may come again on the next: each message
 //! arriving there equal to one of them is acknowledged and not stored; the
-//! first one that is not ends the resent run.
+//! first one that is not ends the resent run. A copy recognised stays
+//! listed until its batch is acknowledged: a stop in between leaves it
+//! unacknowledged, and the broker sends it again.
 //!
 //! The file is rewritten, without fsync, before and after each append and
 //! when a barrier covered something. Before an append it also names the
@@ -90,6 +92,10 @@ struct State {
     /// Messages of the current connection acknowledged (or about to be),
     /// by serial number, not yet covered by an answered barrier.
     unacked: VecDeque<(u64, Fingerprint)>,
+    /// Resends recognised in the batch being handled, until it is
+    /// acknowledged: a stop before that leaves them unacknowledged, and
+    /// the broker sends them again to the next run.
+    matched: Vec<Fingerprint>,
     next_serial: u64,
     /// The barrier queued and not yet answered (at most one): it covers
     /// the messages with a serial number below `covers`.
@@ -231,6 +237,7 @@ impl Redelivery {
         if !session_present {
             state.expected.clear();
             state.unacked.clear();
+            state.matched.clear();
             return;
         }
         let unacked = std::mem::take(&mut state.unacked);
@@ -260,6 +267,7 @@ impl Redelivery {
                 match state.expected.iter().position(|(from, e)| due(*from) && *e == f) {
                     Some(i) => {
                         state.expected.remove(i);
+                        state.matched.push(f);
                         true
                     }
                     None => {
@@ -283,6 +291,7 @@ impl Redelivery {
     ) {
         let mut state = self.lock();
         state.appending = None;
+        state.matched.clear();
         if state.given_up {
             return;
         }
@@ -296,6 +305,7 @@ impl Redelivery {
             state.given_up = true;
             state.expected.clear();
             state.unacked.clear();
+            state.matched.clear();
             state.persist();
             return;
         }
@@ -397,22 +407,27 @@ impl Redelivery {
     #[cfg(test)]
     pub(super) fn remembered(&self) -> usize {
         let state = self.lock();
-        state.expected.len() + state.unacked.len()
+        state.expected.len() + state.matched.len() + state.unacked.len()
     }
 }
 
 impl State {
-    /// Writes `expected`, `unacked` and `appending` to the file, in one write (a torn
-    /// one fails its checksum and is ignored on reading).
+    /// Writes what may come again (`expected`, `matched`, `unacked`) and
+    /// `appending` to the file, in one write (a torn one fails its
+    /// checksum and is ignored on reading).
     fn persist(&mut self) {
-        let empty = self.expected.is_empty() && self.unacked.is_empty() && self.appending.is_none();
+        let n = self.expected.len() + self.matched.len() + self.unacked.len();
+        let empty = n == 0 && self.appending.is_none();
         let Some(file) = &self.file else { return };
         if empty && self.file_empty {
             return;
         }
-        let fingerprints =
-            self.expected.iter().map(|(_, f)| f).chain(self.unacked.iter().map(|(_, f)| f));
-        let n = self.expected.len() + self.unacked.len();
+        let fingerprints = self
+            .expected
+            .iter()
+            .map(|(_, f)| f)
+            .chain(&self.matched)
+            .chain(self.unacked.iter().map(|(_, f)| f));
         let bytes = encode(fingerprints, n, self.appending.as_ref());
         match file.write_all_at(&bytes, 0) {
             Ok(()) => self.file_empty = empty,
@@ -728,6 +743,35 @@ mod tests {
         let r = Redelivery::open(&path, "s");
         r.connected(1, false);
         assert_eq!(r.resent(1, fps(&["a"])), [false]);
+    }
+
+    #[test]
+    fn copies_recognised_in_a_batch_that_was_not_acknowledged_are_expected_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list");
+        let r = Redelivery::open(&path, "s");
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a")), (2, fp("b"))]);
+        drop(r); // a crash before a barrier: a and b may come again
+
+        let r = Redelivery::open(&path, "s");
+        r.connected(1, true);
+        assert_eq!(r.resent(1, fps(&["a", "x"])), [true, false]);
+        let crc = crc32c::crc32c(b"record x");
+        r.appending(Appending { from_seq: 1, records: vec![(fp("x"), crc)] });
+        drop(r); // a crash while x is appended: a is not acknowledged either
+
+        let r = Redelivery::open(&path, "s");
+        r.recover(&[]);
+        r.connected(1, true);
+        assert_eq!(r.resent(1, fps(&["a", "x"])), [true, false]);
+        // Stopped again before anything else was written: still listed.
+        drop(r);
+        let r = Redelivery::open(&path, "s");
+        r.connected(1, true);
+        assert_eq!(r.resent(1, fps(&["a", "y"])), [true, false]);
+        r.acknowledging(1, [(1, fp("a")), (3, fp("y"))]);
+        assert_eq!(r.remembered(), 2, "both wait for a barrier, nothing else");
     }
 
     #[test]
