@@ -112,10 +112,10 @@ pub struct MqttSourceConfig {
     /// Recognise messages the broker sends again after they were stored,
     /// and store them once (QoS 1, persistent session, external broker).
     /// Needs a broker that answers an UNSUBSCRIBE of a filter never
-    /// subscribed, as MQTT requires; one that does not is detected (after a
-    /// minute without an answer) and the source falls back to at least
-    /// once. Default `true`; `false` for a broker that closes the
-    /// connection instead.
+    /// subscribed, as MQTT requires. One that does not is detected (after a
+    /// minute without an answer, or three connections in a row closed on
+    /// one) and the source falls back to at least once, with a warning.
+    /// Default `true`; `false` skips the check (and those reconnects).
     pub recognise_resends: bool,
     /// A device time further than this from the receive time is replaced by
     /// the receive time (kept in `context.deviceTimestamp`) and counted in

@@ -58,6 +58,12 @@ const MAX_REMEMBERED: usize = 65_536;
 /// connection before the broker is taken to answer none.
 const BARRIER_PATIENCE: Duration = Duration::from_secs(60);
 
+/// How many connections in a row may end with a barrier out and none
+/// answered on them before the broker is taken to close connections on a
+/// barrier (as a broker that refuses an UNSUBSCRIBE of a filter never
+/// subscribed may): each batch would cost a reconnect.
+pub(super) const CLOSED_ON_BARRIER: u32 = 3;
+
 /// The file's first bytes, naming its format.
 const MAGIC: &[u8; 4] = b"OGR2";
 
@@ -102,6 +108,11 @@ struct State {
     barrier: Option<Barrier>,
     /// The broker answers no barrier: nothing is remembered any more.
     given_up: bool,
+    /// A barrier was answered on the current connection.
+    answered_here: bool,
+    /// Connections in a row that ended with a barrier out and none
+    /// answered on them.
+    closed_on_barrier: u32,
     /// The batch being appended, until it is remembered as acknowledged;
     /// read back from the file after a crash, until recovered.
     appending: Option<Appending>,
@@ -230,6 +241,7 @@ impl Redelivery {
         let mut state = self.lock();
         state.connection = connection;
         state.session_present = session_present;
+        state.answered_here = false;
         if state.barrier.is_some_and(|b| b.written.is_some_and(|(_, _, on)| on < connection)) {
             // Never answered now (`disconnected` drops it already).
             state.barrier = None;
@@ -299,14 +311,7 @@ impl Redelivery {
         if state.barrier.is_some_and(|b| {
             b.written.is_some_and(|(_, at, on)| on == current && at.elapsed() > BARRIER_PATIENCE)
         }) {
-            tracing::warn!(
-                "the MQTT broker answers no UNSUBSCRIBE of a filter never subscribed: messages it sends again after a lost connection or a crash may be stored twice (set recognise_resends = false to skip this check)"
-            );
-            state.given_up = true;
-            state.expected.clear();
-            state.unacked.clear();
-            state.matched.clear();
-            state.persist();
+            state.give_up("answers no UNSUBSCRIBE of a filter never subscribed");
             return;
         }
         let messages = messages.into_iter().filter(|(pkid, _)| *pkid != 0);
@@ -357,6 +362,16 @@ impl Redelivery {
     /// before it, and still counts.
     pub fn disconnected(&self, dropped: bool) {
         let mut state = self.lock();
+        let current = state.connection;
+        let out_here = state.barrier.is_some_and(|b| b.written.is_some_and(|w| w.2 == current));
+        if out_here && !state.answered_here && !state.given_up {
+            state.closed_on_barrier += 1;
+            if state.closed_on_barrier >= CLOSED_ON_BARRIER {
+                state.give_up("closed the connection after an UNSUBSCRIBE of a filter never subscribed, three times in a row");
+            }
+        } else if state.answered_here {
+            state.closed_on_barrier = 0;
+        }
         if state.barrier.is_some_and(|b| dropped || b.written.is_some()) {
             state.barrier = None;
             drop(state);
@@ -389,6 +404,7 @@ impl Redelivery {
             return;
         };
         state.barrier = None;
+        state.answered_here = true;
         let before = state.unacked.len();
         while state.unacked.front().is_some_and(|(serial, _)| *serial < barrier.covers) {
             state.unacked.pop_front();
@@ -412,6 +428,18 @@ impl Redelivery {
 }
 
 impl State {
+    /// Stops remembering: the broker does not answer barriers as needed.
+    fn give_up(&mut self, why: &str) {
+        tracing::warn!(
+            "the MQTT broker {why}: messages it sends again after a lost connection or a crash may be stored twice (set recognise_resends = false to skip this check)"
+        );
+        self.given_up = true;
+        self.expected.clear();
+        self.unacked.clear();
+        self.matched.clear();
+        self.persist();
+    }
+
     /// Writes what may come again (`expected`, `matched`, `unacked`) and
     /// `appending` to the file, in one write (a torn one fails its
     /// checksum and is ignored on reading).
@@ -624,6 +652,38 @@ mod tests {
         assert!(!r.barrier_due());
         r.connected(3, true);
         assert_eq!(r.resent(3, fps(&["a", "b"])), [false, false]);
+    }
+
+    #[test]
+    fn a_broker_that_closes_connections_on_a_barrier_is_given_up_on() {
+        let r = Redelivery::in_memory();
+        let mut serial = 0;
+        let mut connection = |r: &Redelivery, n: u64, answered: bool| {
+            r.connected(n, true);
+            if answered {
+                serial += 1;
+                r.acknowledging(n, [(1, fp(&format!("{serial}")))]);
+                barrier(r);
+            }
+            serial += 1;
+            r.acknowledging(n, [(2, fp(&format!("{serial}")))]);
+            assert!(r.barrier_due());
+            r.barrier_written(3);
+            r.disconnected(false);
+        };
+        // Two ends on a barrier, then a connection on which one was
+        // answered: a bad network, not the broker.
+        connection(&r, 1, false);
+        connection(&r, 2, false);
+        connection(&r, 3, true);
+        connection(&r, 4, false);
+        connection(&r, 5, false);
+        assert!(r.remembered() > 0);
+        // The third in a row.
+        connection(&r, 6, false);
+        assert_eq!(r.remembered(), 0);
+        r.acknowledging(7, [(1, fp("x"))]);
+        assert!(!r.barrier_due(), "no more barriers");
     }
 
     #[test]

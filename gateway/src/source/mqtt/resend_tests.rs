@@ -243,6 +243,58 @@ async fn proxy(upstream: SocketAddr, cut: Arc<tokio::sync::Notify>) -> SocketAdd
     addr
 }
 
+/// A TCP proxy to `upstream` that closes the connection, both sides, when
+/// the client sends an UNSUBSCRIBE, as a broker that refuses one for a
+/// filter never subscribed may; returns how many it closed so.
+async fn closing_on_unsubscribe(
+    upstream: SocketAddr,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicU32>) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const UNSUBSCRIBE: u8 = 10;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let closes = Arc::new(AtomicU32::new(0));
+    let counted = Arc::clone(&closes);
+    tokio::spawn(async move {
+        while let Ok((near, _)) = listener.accept().await {
+            let Ok(far) = tokio::net::TcpStream::connect(upstream).await else { continue };
+            let closes = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let (mut near_rx, mut near_tx) = near.into_split();
+                let (mut far_rx, mut far_tx) = far.into_split();
+                let down = async {
+                    let _ = tokio::io::copy(&mut far_rx, &mut near_tx).await;
+                };
+                let up = async {
+                    let mut buf = bytes::BytesMut::new();
+                    loop {
+                        while let Ok(header) = rumqttc::mqttbytes::check(buf.iter(), usize::MAX) {
+                            let packet = buf.split_to(header.frame_length());
+                            if packet[0] >> 4 == UNSUBSCRIBE {
+                                closes.fetch_add(1, Ordering::SeqCst);
+                                return;
+                            }
+                            if far_tx.write_all(&packet).await.is_err() {
+                                return;
+                            }
+                        }
+                        match near_rx.read_buf(&mut buf).await {
+                            Ok(n) if n > 0 => {}
+                            _ => return,
+                        }
+                    }
+                };
+                tokio::select! {
+                    () = down => {}
+                    () = up => {}
+                }
+            });
+        }
+    });
+    (addr, closes)
+}
+
 /// How often each read is in the buffer, once all `n` are there.
 async fn stored(buffer: &Arc<dyn Buffer>, n: u64) -> BTreeMap<i64, usize> {
     let mut watermark = buffer.subscribe();
@@ -377,6 +429,33 @@ async fn a_backlog_of_unacknowledged_messages_does_not_stop_the_source() {
     let counts = stored(&buffer, N).await;
     assert_eq!(counts.len() as u64, N);
     assert_eq!(health.to_json()["accepted_total"], N);
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+}
+
+/// A broker that closes the connection on a barrier instead of answering
+/// it would cost a reconnect per batch: after three connections in a row
+/// end so, the source stops sending barriers (and recognising resends),
+/// and the reads flow on one connection.
+#[tokio::test]
+async fn a_broker_that_closes_the_connection_on_a_barrier_is_given_up_on() {
+    const N: u64 = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let (strict, closes) = closing_on_unsubscribe(addr).await;
+    let mut config = config(&format!("mqtt://{strict}"), "strict");
+    config.backoff_initial = Duration::from_millis(20);
+    config.backoff_max = Duration::from_millis(50);
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let here = tokio::runtime::Handle::current();
+    let (task, health, shutdown) = start(&config, dir.path(), Arc::clone(&buffer), &here).await;
+    publish(addr, N, "strict").await;
+    // At least once: every read is there (the few the broker sent again
+    // after the three closes may be there twice).
+    let counts = stored(&buffer, N).await;
+    assert_eq!(counts.len() as u64, N);
+    let closed = closes.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(closed, redelivery::CLOSED_ON_BARRIER, "{}", health.to_json());
     shutdown.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }
