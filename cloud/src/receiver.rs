@@ -17,6 +17,11 @@
 //!   the one in front of it (parallel QUIC streams, separate gRPC streams)
 //!   waits briefly for the gap to close instead of failing.
 //! - Store trouble answers RETRY_LATER: the gateway keeps its buffer.
+//! - So does a workspace whose monthly event quota is used up: the events
+//!   wait at the edge until the quota allows them (a new month, a raised
+//!   quota) instead of being refused. A batch is let in while anything is
+//!   left, so it may overshoot the quota by up to its own size (the store
+//!   knows which of its events are new; the receiver does not).
 
 pub mod grpc;
 mod in_flight;
@@ -39,6 +44,7 @@ use crate::error::{Error, Result};
 use crate::store::gateway::BatchCommit;
 use crate::store::{NewEvent, Store};
 use crate::telemetry::Metrics;
+use crate::usage::Usage;
 
 /// Most events in one batch.
 pub const MAX_BATCH_EVENTS: usize = 10_000;
@@ -137,6 +143,7 @@ pub struct Receiver {
     store: Arc<dyn Store>,
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
+    usage: Arc<Usage>,
     /// Per (workspace, gateway): the latest session epoch and its ack, for
     /// batches waiting on a gap. A new session replaces the old one's ack,
     /// which may be higher (a recreated buffer starts again at 0).
@@ -149,8 +156,13 @@ const MAX_TRACKED_GATEWAYS: usize = 100_000;
 type SessionAck = (u64, u64);
 
 impl Receiver {
-    pub fn new(store: Arc<dyn Store>, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> Self {
-        Receiver { store, auth, metrics, acks: Mutex::new(HashMap::new()) }
+    pub fn new(
+        store: Arc<dyn Store>,
+        auth: Arc<Authenticator>,
+        metrics: Arc<Metrics>,
+        usage: Arc<Usage>,
+    ) -> Self {
+        Receiver { store, auth, metrics, usage, acks: Mutex::new(HashMap::new()) }
     }
 
     /// Checks an `Authorization` value (`Bearer og_...`) for the ingest scope.
@@ -253,12 +265,20 @@ impl Receiver {
     ) -> pb::Ack {
         let ReadyBatch { mut ack, range, events, skipped } = ready;
         let (gateway, epoch) = (ack.gateway_id.clone(), ack.epoch);
-        let outcome = self
-            .store
-            .commit_gateway_batch(&principal.workspace_id, &gateway, epoch, range, events)
-            .await;
+        let workspace = &principal.workspace_id;
+        // Store trouble here shows again in the commit and is answered there.
+        if let Ok(Some(0)) = self.usage.quota_left(self.store.as_ref(), workspace).await {
+            self.metrics.reject("quota_exceeded");
+            tracing::info!(%gateway, "monthly event quota used up: the batch waits at the gateway");
+            ack.status = pb::AckStatus::RetryLater as i32;
+            ack.error = "the workspace's monthly event quota is used up: the events stay in the gateway's buffer until it allows them".to_owned();
+            return ack;
+        }
+        let outcome =
+            self.store.commit_gateway_batch(workspace, &gateway, epoch, range, events).await;
         match outcome {
             Ok(BatchCommit::Acked { acked_sequence, inserted }) => {
+                self.usage.count_stored(workspace, inserted);
                 self.metrics.ingested(transport, inserted);
                 self.publish(principal, &gateway, epoch, acked_sequence);
                 ack.acked_sequence = acked_sequence;

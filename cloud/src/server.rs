@@ -101,6 +101,7 @@ async fn start_receivers(
         Arc::clone(&state.store),
         Arc::clone(&state.auth),
         Arc::clone(&state.metrics),
+        Arc::clone(&state.usage),
     ));
     let mut tasks = Vec::new();
     if let Some(addr) = config.grpc_addr {

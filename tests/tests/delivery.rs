@@ -122,6 +122,50 @@ async fn events_buffered_while_the_cloud_is_down_are_delivered_once_it_starts() 
     );
 }
 
+/// A workspace whose monthly event quota is used up gets no more gateway
+/// events: they wait in the gateway's buffer, health says why, and they are
+/// delivered once the quota allows them (here: a cloud restarted with a
+/// larger one).
+#[tokio::test]
+async fn events_past_the_quota_wait_at_the_gateway_until_it_allows_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud_dir = tmp.path().join("cloud");
+    let quota = |n: &str| [("OPGRAPH_EVENTS_QUOTA", n.to_owned())];
+    let cloud = CloudProc::start_with(&cloud_dir, "127.0.0.1:0", "off", &quota("100")).await;
+    let (grpc, cert) = (cloud.receiver(Transport::Grpc), cloud.cert());
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cert, "");
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let first = gateway.post("crate.weighed", 100).await;
+    wait_delivered(&cloud, "crate.weighed", &first).await;
+
+    let more = gateway.post("crate.labelled", 30).await;
+    let health = eventually("the quota in the uplink's error", DELIVERY_TIMEOUT, || async {
+        let health = gateway.health().await;
+        let error = health["uplink"]["last_error"].as_str().unwrap_or_default().to_owned();
+        error.contains("quota").then_some(health)
+    })
+    .await;
+    assert_eq!(health["buffer"]["pending_records"], 30, "{health}");
+    assert!(cloud.ids("crate.labelled").await.is_empty(), "nothing past the quota is stored");
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", cloud.url))
+        .bearer_auth(TEST_BOOTSTRAP_KEY)
+        .send()
+        .await
+        .unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(metrics.contains("reason=\"quota_exceeded\""), "{metrics}");
+
+    assert!(cloud.process.terminate().await.unwrap().success());
+    let cloud = CloudProc::start_with(&cloud_dir, &grpc, "off", &quota("1000")).await;
+    wait_delivered(&cloud, "crate.labelled", &more).await;
+    let health = wait_drained(&gateway).await;
+    assert_eq!(health["buffer"]["pending_records"], 0, "{health}");
+    assert_eq!(cloud.ids("crate.weighed").await, first, "nothing twice");
+}
+
 /// Kills the gateway with SIGKILL while a slow link (the flaky-link proxy
 /// adds latency) is half way through the backlog, restarts it on the same
 /// buffer, and checks the cloud ends up with every event exactly once.
