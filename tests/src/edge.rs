@@ -74,6 +74,18 @@ impl CloudProc {
         self.dir.join("receiver-cert.pem")
     }
 
+    /// The node's `/metrics` text (the operator's: the bootstrap key).
+    pub async fn metrics(&self) -> String {
+        let response = reqwest::Client::new()
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(TEST_BOOTSTRAP_KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.text().await.unwrap()
+    }
+
     /// Stored events named `event` (at most 1000), newest first.
     pub async fn events(&self, event: &str) -> Vec<Value> {
         let response = reqwest::Client::new()

@@ -149,13 +149,7 @@ async fn events_past_the_quota_wait_at_the_gateway_until_it_allows_them() {
     .await;
     assert_eq!(health["buffer"]["pending_records"], 30, "{health}");
     assert!(cloud.ids("crate.labelled").await.is_empty(), "nothing past the quota is stored");
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", cloud.url))
-        .bearer_auth(TEST_BOOTSTRAP_KEY)
-        .send()
-        .await
-        .unwrap();
-    let metrics = metrics.text().await.unwrap();
+    let metrics = cloud.metrics().await;
     assert!(metrics.contains("reason=\"quota_exceeded\""), "{metrics}");
 
     assert!(cloud.process.terminate().await.unwrap().success());
