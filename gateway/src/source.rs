@@ -190,7 +190,8 @@ impl Sources {
         }
         let mut listening = Vec::new();
         for (i, c) in config.mqtt_ingest.iter().enumerate() {
-            let source = MqttIngestSource::build(c, &format!("sources.mqtt_ingest[{i}]"))?;
+            let source =
+                MqttIngestSource::build(c, &format!("sources.mqtt_ingest[{i}]"), Some(state_dir))?;
             listening.push((format!("mqtt-{}", c.name), source.local_addr()));
             let h = Arc::new(SourceHealth::new(&c.name, "mqtt_ingest"));
             let intake = Intake::new(Arc::clone(buffer), Arc::clone(&h), c.max_clock_skew);

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::mapping::{RuleConfig, RuleSet};
 use super::{Intake, Source, now_ms};
 use crate::backoff::Backoff;
+use crate::buffer::{Buffer, Record};
 use crate::error::{Error, Result};
 use crate::uplink::Secret;
 use broker::EmbeddedBroker;
@@ -443,14 +444,7 @@ impl Source for MqttSource {
             None => Redelivery::in_memory(),
         });
         if let Some(from_seq) = redelivery.interrupted_append() {
-            let read = intake.buffer().read(from_seq, INTERRUPTED_RECORDS, INTERRUPTED_BYTES);
-            match read.await {
-                Ok(records) => redelivery.recover(&records),
-                Err(e) => {
-                    tracing::warn!(source = %this.name, error = %e, "cannot read back the batch appended at the last stop: the broker's copies may be stored twice");
-                    redelivery.recover(&[]);
-                }
-            }
+            redelivery.recover(&read_back(intake.buffer(), from_seq, &this.name).await);
         }
         let (tx, mut rx) = mpsc::channel::<Message>(this.batch_max.saturating_mul(2));
         let stop_polling = CancellationToken::new();
@@ -528,6 +522,24 @@ impl Source for MqttSource {
     }
 }
 
+/// The buffer's records from `from_seq` on, where a batch appending when
+/// the last run stopped begins at the earliest (bounded); none when they
+/// cannot be read, which leaves its copies stored twice.
+async fn read_back(buffer: &Arc<dyn Buffer>, from_seq: u64, source: &str) -> Vec<Record> {
+    match buffer.read(from_seq, INTERRUPTED_RECORDS, INTERRUPTED_BYTES).await {
+        Ok(records) => records,
+        Err(e) => {
+            tracing::warn!(%source, error = %e, "cannot read back what was being appended at the last stop: copies sent again may be stored twice");
+            Vec::new()
+        }
+    }
+}
+
+/// Where the records of an append about to start begin at the earliest.
+fn appending_from(intake: &Intake) -> u64 {
+    *intake.buffer().subscribe().borrow()
+}
+
 /// [`process`] for the messages of one connection that are not resends of
 /// stored ones; then remembers them all until a barrier shows the broker
 /// read their acks. `true` when they may be acknowledged.
@@ -548,8 +560,7 @@ async fn handle_resends(
     let messages = fresh.iter().map(|i| (run[*i].topic.as_str(), &run[*i].payload[..]));
     let records = prepare(&source.rules, intake, messages);
     if !records.is_empty() {
-        // Our records get this sequence number or a later one.
-        let from_seq = *intake.buffer().subscribe().borrow();
+        let from_seq = appending_from(intake);
         let records = records
             .iter()
             .map(|(k, record)| (fingerprints[fresh[*k]], crc32c::crc32c(record)))
@@ -649,7 +660,7 @@ mod resend_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::{Buffer, MemoryBuffer};
+    use crate::buffer::MemoryBuffer;
     use crate::source::SourceHealth;
 
     fn rules() -> RuleSet {

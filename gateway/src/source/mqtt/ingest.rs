@@ -12,15 +12,18 @@
 //! Packets are framed by rumqttc's 3.1.1 codec; TLS (optional) is rustls
 //! on ring.
 //!
-//! A PUBACK lost with a connection makes a persistent device send the
-//! message again, flagged DUP, with the same packet id. The latest messages
-//! acknowledged per client id are remembered (in memory), and such a copy
-//! is acknowledged without being stored twice.
+//! A PUBACK lost with a connection or a crash makes a persistent device
+//! send the message again, flagged DUP, with the same packet id. The latest
+//! messages acknowledged per client id are remembered, in a journal beside
+//! the buffer too ([`acked`]), and such a copy is acknowledged without
+//! being stored twice.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod acked;
+
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,12 +41,13 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::process;
-use super::redelivery::Fingerprint;
+use super::redelivery::{Fingerprint, state_file};
+use super::{append, appending_from, prepare, read_back};
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::source::mapping::{RuleConfig, RuleSet};
 use crate::source::{Intake, Source};
+use acked::{Acked, Batch};
 
 /// How long a device may leave our acknowledgements unread.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -178,52 +182,20 @@ struct Shared {
     batches: Semaphore,
     /// Per persistent client, its latest QoS 1 messages acknowledged: the
     /// ones it sends again (DUP) when our PUBACK was lost with the
-    /// connection.
-    acked: Mutex<HashMap<String, VecDeque<(u16, Fingerprint)>>>,
-    /// Most clients in `acked`.
-    max_clients: usize,
-}
-
-/// Messages remembered per client: far more than a device keeps in
-/// flight.
-const ACKED_PER_CLIENT: usize = 1024;
-
-impl Shared {
-    /// For each publish of `client`: `true` when it is a copy (DUP, same
-    /// packet id, topic and payload) of one already acknowledged.
-    fn resent(&self, client: &str, publishes: &[Publish]) -> Vec<bool> {
-        let acked = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(acked) = acked.get(client) else { return vec![false; publishes.len()] };
-        publishes
-            .iter()
-            .map(|p| p.dup && acked.contains(&(p.pkid, Fingerprint::of(&p.topic, &p.payload))))
-            .collect()
-    }
-
-    /// Remembers the QoS 1 publishes of `client` about to be acknowledged.
-    fn acknowledging(&self, client: &str, publishes: &[Publish]) {
-        let mut acked = self.acked.lock().unwrap_or_else(PoisonError::into_inner);
-        if !acked.contains_key(client) && acked.len() >= self.max_clients {
-            // A client long gone: its PUBACKs are not waited for any more.
-            let gone = acked.keys().next().cloned();
-            if let Some(gone) = gone {
-                acked.remove(&gone);
-            }
-        }
-        let mine = acked.entry(client.to_owned()).or_default();
-        for p in publishes.iter().filter(|p| p.qos == QoS::AtLeastOnce) {
-            if mine.len() == ACKED_PER_CLIENT {
-                mine.pop_front();
-            }
-            mine.push_back((p.pkid, Fingerprint::of(&p.topic, &p.payload)));
-        }
-    }
+    /// connection or a crash.
+    acked: Acked,
 }
 
 impl MqttIngestSource {
     /// Compiles the rules and binds the port (a taken port is an error
-    /// now, naming `path.listen`).
-    pub fn build(config: &MqttIngestConfig, path: &str) -> Result<MqttIngestSource> {
+    /// now, naming `path.listen`). `state_dir` (the buffer's directory)
+    /// keeps the journal of acknowledged messages; without it they are
+    /// remembered in memory only.
+    pub fn build(
+        config: &MqttIngestConfig,
+        path: &str,
+        state_dir: Option<&Path>,
+    ) -> Result<MqttIngestSource> {
         let rules = RuleSet::compile(&config.rules, "rules").map_err(|p| Error::InvalidConfig {
             problems: p.into_iter().map(|p| format!("{path}.{p}")).collect(),
         })?;
@@ -233,6 +205,8 @@ impl MqttIngestSource {
         listener.set_nonblocking(true).map_err(listen_error)?;
         let addr = listener.local_addr().map_err(listen_error)?;
         let max_packet = usize::try_from(config.max_payload.as_u64()).unwrap_or(usize::MAX);
+        // Clients gone for good are forgotten beyond this.
+        let max_clients = config.max_connections.saturating_mul(2);
         let tls = match (&config.tls_cert_file, &config.tls_key_file) {
             (Some(cert), Some(key)) => Some(
                 acceptor(cert, key)
@@ -253,8 +227,12 @@ impl MqttIngestSource {
                 connect_timeout: config.connect_timeout,
                 batch_max: config.batch_max,
                 batches: Semaphore::new(config.max_concurrent_batches),
-                acked: Mutex::default(),
-                max_clients: config.max_connections.saturating_mul(2),
+                acked: match state_dir {
+                    Some(dir) => {
+                        Acked::open(&journal_path(dir, &config.name), &config.name, max_clients)
+                    }
+                    None => Acked::in_memory(max_clients),
+                },
             }),
         })
     }
@@ -274,6 +252,11 @@ fn acceptor(cert: &Path, key: &Path) -> std::result::Result<TlsAcceptor, String>
         .with_single_cert(certs, key_der)
         .map_err(|e| format!("tls_key_file: {e}"))?;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Where an endpoint keeps its journal of acknowledged messages.
+fn journal_path(dir: &Path, source: &str) -> PathBuf {
+    state_file(dir, "mqtt-ingest", source, "acked")
 }
 
 impl MqttIngestSource {
@@ -300,6 +283,11 @@ impl Source for MqttIngestSource {
             addr: self.addr,
             source,
         })?;
+        // Devices wait in the listen queue meanwhile: their copies must
+        // meet the memory complete.
+        if let Some(from_seq) = self.shared.acked.interrupted_from() {
+            self.shared.acked.recover(&read_back(intake.buffer(), from_seq, &self.name).await);
+        }
         let slots = Arc::new(Semaphore::new(self.max_connections));
         let connections = TaskTracker::new();
         intake.health().set_connected(true);
@@ -549,28 +537,13 @@ async fn serve(
             }
         }
         if !publishes.is_empty() {
-            let resent = match persistent {
-                Some(client) => shared.resent(client, &publishes),
-                None => vec![false; publishes.len()],
-            };
-            let messages = publishes
-                .iter()
-                .zip(&resent)
-                .filter(|(_, resent)| !**resent)
-                .map(|(p, _)| (p.topic.as_str(), &p.payload[..]));
-            // Boxed for the same reason: the mapping and append state is
-            // only needed while a batch is processed.
-            if !Box::pin(process(&shared.rules, intake, messages, &mut backoff, shutdown)).await {
+            // Boxed: the mapping and append state is only needed while a
+            // batch is processed.
+            if !Box::pin(store(shared, intake, persistent, &publishes, &mut backoff, shutdown))
+                .await
+            {
                 // Shutdown before the append: nothing is acknowledged.
                 return Ok(());
-            }
-            let n_resent = resent.iter().filter(|r| **r).count();
-            if n_resent > 0 {
-                intake.health().resent(n_resent as u64);
-                tracing::info!(client = ?connect.client_id, n = n_resent, "a device sent again messages already stored: acknowledged, not stored twice");
-            }
-            if let Some(client) = persistent {
-                shared.acknowledging(client, &publishes);
             }
             for p in publishes.drain(..) {
                 if p.qos == QoS::AtLeastOnce {
@@ -593,6 +566,55 @@ async fn serve(
             buf = small;
         }
     }
+}
+
+/// Maps and appends one batch of a connection, leaving out what a
+/// persistent client sent again of messages already stored, and remembers
+/// its messages as acknowledged; `true` when they may be (appended,
+/// rejected or refused for good), `false` when shutdown came first.
+async fn store(
+    shared: &Shared,
+    intake: &Intake,
+    persistent: Option<&String>,
+    publishes: &[Publish],
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> bool {
+    let resent = match persistent {
+        Some(client) => shared.acked.resent(client, publishes),
+        None => vec![false; publishes.len()],
+    };
+    let fresh: Vec<&Publish> =
+        publishes.iter().zip(&resent).filter(|(_, r)| !**r).map(|(p, _)| p).collect();
+    let records =
+        prepare(&shared.rules, intake, fresh.iter().map(|p| (p.topic.as_str(), &p.payload[..])));
+    // A crash during the append may leave some of the records stored and
+    // their PUBACKs unsent: the journal names them, to be looked for.
+    let batch = persistent.filter(|_| !records.is_empty()).map(|client| {
+        let records = records
+            .iter()
+            .filter(|(i, _)| fresh[*i].qos == QoS::AtLeastOnce)
+            .map(|(i, record)| {
+                let p = fresh[*i];
+                (p.pkid, Fingerprint::of(&p.topic, &p.payload), crc32c::crc32c(record))
+            })
+            .collect();
+        let from_seq = appending_from(intake);
+        shared.acked.appending(Batch { client: client.clone(), from_seq, records })
+    });
+    let records = records.into_iter().map(|(_, record)| record).collect();
+    if !append(intake, records, backoff, shutdown).await {
+        return false;
+    }
+    let n_resent = resent.iter().filter(|r| **r).count();
+    if n_resent > 0 {
+        intake.health().resent(n_resent as u64);
+        tracing::info!(client = ?persistent, n = n_resent, "a device sent again messages already stored: acknowledged, not stored twice");
+    }
+    if let Some(client) = persistent {
+        shared.acked.acknowledging(client, batch, publishes);
+    }
+    true
 }
 
 #[cfg(test)]

@@ -78,6 +78,15 @@ impl Fingerprint {
         let crc = crc32c::crc32c_append(crc, payload);
         Fingerprint(((payload.len() as u64) << 32) | u64::from(crc))
     }
+
+    /// As kept in files.
+    pub fn to_bits(self) -> u64 {
+        self.0
+    }
+
+    pub fn from_bits(bits: u64) -> Fingerprint {
+        Fingerprint(bits)
+    }
 }
 
 /// Messages that may come again, shared by the processor (which stores,
@@ -226,12 +235,7 @@ impl Redelivery {
     /// Where a source keeps its list: in `dir`, named after the source
     /// (made file-safe, with a hash of the name against collisions).
     pub fn path(dir: &Path, source: &str) -> PathBuf {
-        let safe: String = source
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
-            .take(64)
-            .collect();
-        dir.join(format!("mqtt-{safe}-{:08x}.unacked", crc32c::crc32c(source.as_bytes())))
+        state_file(dir, "mqtt", source, "unacked")
     }
 
     /// The poller got CONNACK for `connection`: what no barrier covered on
@@ -467,6 +471,19 @@ impl State {
     }
 }
 
+/// A file in `dir` for what a source keeps across restarts:
+/// `<prefix>-<source>-<hash>.<extension>`, the source's name made
+/// file-safe, with a hash of it against collisions.
+pub(super) fn state_file(dir: &Path, prefix: &str, source: &str, extension: &str) -> PathBuf {
+    let safe: String = source
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .take(64)
+        .collect();
+    let hash = crc32c::crc32c(source.as_bytes());
+    dir.join(format!("{prefix}-{safe}-{hash:08x}.{extension}"))
+}
+
 /// A batch being appended: where its records start at the earliest (the
 /// buffer's durable watermark before the append) and, per record, its
 /// message's fingerprint and the CRC-32C of the record.
@@ -509,19 +526,28 @@ fn encode<'a>(
     bytes
 }
 
-/// A little-endian reader over the file's bytes; `None` past the end.
-struct Reader<'a>(&'a [u8], usize);
+/// A little-endian reader over a state file's bytes; `None` past the end.
+pub(super) struct Reader<'a>(&'a [u8], usize);
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader(bytes, 0)
+    }
     fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let bytes = self.0.get(self.1..self.1.checked_add(N)?)?.try_into().ok()?;
-        self.1 += N;
+        self.bytes(N)?.try_into().ok()
+    }
+    pub fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let bytes = self.0.get(self.1..self.1.checked_add(n)?)?;
+        self.1 += n;
         Some(bytes)
     }
-    fn u32(&mut self) -> Option<u32> {
+    pub fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+    pub fn u32(&mut self) -> Option<u32> {
         self.take().map(u32::from_le_bytes)
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub fn u64(&mut self) -> Option<u64> {
         self.take().map(u64::from_le_bytes)
     }
     /// A count of at most [`MAX_REMEMBERED`].
@@ -535,7 +561,7 @@ fn decode(bytes: &[u8]) -> Option<(VecDeque<Fingerprint>, Option<Appending>)> {
     if bytes.is_empty() {
         return Some((VecDeque::new(), None));
     }
-    let mut r = Reader(bytes, 0);
+    let mut r = Reader::new(bytes);
     if &r.take::<4>()? != MAGIC {
         return None;
     }

@@ -1,6 +1,8 @@
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use bytes::Bytes;
+use prost::Message as _;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -66,12 +68,22 @@ fn config(users: &[(&str, &str)]) -> MqttIngestConfig {
 }
 
 fn start(config: &MqttIngestConfig, buffer: Arc<dyn Buffer>) -> Running {
-    let source = MqttIngestSource::build(config, "sources.mqtt_ingest[0]").unwrap();
+    start_on(config, buffer, None, &tokio::runtime::Handle::current())
+}
+
+/// [`start`] keeping state in `state_dir`, on `runtime`.
+fn start_on(
+    config: &MqttIngestConfig,
+    buffer: Arc<dyn Buffer>,
+    state_dir: Option<&Path>,
+    runtime: &tokio::runtime::Handle,
+) -> Running {
+    let source = MqttIngestSource::build(config, "sources.mqtt_ingest[0]", state_dir).unwrap();
     let addr = source.local_addr();
     let health = Arc::new(SourceHealth::new("devices", "mqtt_ingest"));
     let intake = Intake::new(Arc::clone(&buffer), Arc::clone(&health), Duration::from_secs(30));
     let stop = CancellationToken::new();
-    let task = tokio::spawn(Box::new(source).run(intake, stop.clone()));
+    let task = runtime.spawn(Box::new(source).run(intake, stop.clone()));
     Running { addr, buffer, health, stop, task }
 }
 
@@ -271,14 +283,19 @@ impl RawDevice {
         tokio::time::timeout(WAIT, read).await.unwrap().unwrap()
     }
 
-    /// Publishes with QoS 1 and waits for the PUBACK.
+    /// Publishes reading `seq` with QoS 1 and waits for the PUBACK.
     async fn publish(&mut self, pkid: u16, dup: bool, seq: u64) {
+        self.send_reading(pkid, dup, seq).await;
+        assert!(matches!(self.read().await, Packet::PubAck(a) if a.pkid == pkid));
+    }
+
+    /// Publishes with QoS 1, not waiting for the PUBACK.
+    async fn send_reading(&mut self, pkid: u16, dup: bool, seq: u64) {
         let payload = format!("{{\"seq\": {seq}}}");
         let mut publish = Publish::new("readers/r1/tags", QoS::AtLeastOnce, payload);
         publish.pkid = pkid;
         publish.dup = dup;
         self.send(Packet::Publish(publish)).await;
-        assert!(matches!(self.read().await, Packet::PubAck(a) if a.pkid == pkid));
     }
 }
 
@@ -314,28 +331,112 @@ async fn a_message_sent_again_after_a_lost_puback_is_stored_once() {
     tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
 }
 
-#[test]
-fn what_is_remembered_of_acknowledged_messages_is_bounded() {
-    let config = MqttIngestConfig { max_connections: 1, ..config(&[]) };
-    let source = MqttIngestSource::build(&config, "sources.mqtt_ingest[0]").unwrap();
-    let shared = &source.shared;
-    let publishes: Vec<Publish> = (1..=ACKED_PER_CLIENT as u16 + 5)
-        .map(|pkid| {
-            let mut p = Publish::new("t", QoS::AtLeastOnce, format!("{pkid}"));
-            p.pkid = pkid;
-            p.dup = true;
-            p
-        })
-        .collect();
-    for client in ["a", "b", "c"] {
-        shared.acknowledging(client, &publishes);
+/// A memory buffer whose append of reading `before` or `after` never
+/// returns, as when the process dies in the append: `after` is appended
+/// first, `before` is not. Each stalled append is announced on `stalled`.
+struct CrashingBuffer {
+    inner: Arc<dyn Buffer>,
+    before: i64,
+    after: i64,
+    stalled: tokio::sync::mpsc::UnboundedSender<&'static str>,
+}
+
+/// The reading (`seq`) a record holds.
+fn seq_of(record: &[u8]) -> i64 {
+    let event = opgraph_proto::pb::Event::decode(record).unwrap();
+    let event = opgraph_proto::Event::from_pb(event, 0).unwrap();
+    event.properties.unwrap()["seq"].as_i64().unwrap()
+}
+
+#[async_trait]
+impl Buffer for CrashingBuffer {
+    async fn append(&self, records: Vec<Bytes>) -> Result<RangeInclusive<u64>> {
+        let has = |seq| records.iter().any(|r| seq_of(r) == seq);
+        if has(self.before) {
+            let _ = self.stalled.send("before");
+            std::future::pending::<()>().await;
+        }
+        let appended = self.inner.append(records.clone()).await;
+        if has(self.after) {
+            let _ = self.stalled.send("after");
+            std::future::pending::<()>().await;
+        }
+        appended
     }
-    let acked = shared.acked.lock().unwrap();
-    assert_eq!(acked.len(), 2, "two clients per connection");
-    assert!(acked.values().all(|a| a.len() == ACKED_PER_CLIENT));
-    drop(acked);
-    // The oldest of a client are forgotten first.
-    assert_eq!(shared.resent("c", &publishes[..6]), [false, false, false, false, false, true]);
+    async fn read(&self, from: u64, max: usize, bytes: usize) -> Result<Vec<Record>> {
+        self.inner.read(from, max, bytes).await
+    }
+    async fn ack(&self, up_to: u64) -> Result<()> {
+        self.inner.ack(up_to).await
+    }
+    fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.subscribe()
+    }
+    fn stats(&self) -> BufferStats {
+        self.inner.stats()
+    }
+    async fn close(&self) -> Result<()> {
+        self.inner.close().await
+    }
+}
+
+/// How often each reading (`seq`) is in the buffer.
+async fn stored_counts(buffer: &Arc<dyn Buffer>) -> BTreeMap<i64, usize> {
+    let mut counts = BTreeMap::new();
+    for r in buffer.read(0, usize::MAX, usize::MAX).await.unwrap() {
+        *counts.entry(seq_of(&r.payload)).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test]
+async fn messages_sent_again_after_a_crash_are_stored_once_and_none_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let (stalled_tx, mut stalled) = tokio::sync::mpsc::unbounded_channel();
+    let crashing: Arc<dyn Buffer> = Arc::new(CrashingBuffer {
+        inner: Arc::clone(&buffer),
+        before: 10,
+        after: 3,
+        stalled: stalled_tx,
+    });
+    // The first run is on a runtime of its own: dropping it drops the
+    // endpoint and its connections at once, as a crash does.
+    let doomed =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let first = start_on(&config(&[]), crashing, Some(dir.path()), doomed.handle());
+    let mut device = RawDevice::connect(first.addr, "dev-1", false).await;
+    device.publish(1, false, 1).await;
+    // Stored and acknowledged, but the PUBACK is lost with the crash.
+    device.publish(2, false, 2).await;
+    // Stored, the process dies in the append's fsync.
+    device.send_reading(3, false, 3).await;
+    // Not stored: the process dies before the append.
+    let mut other = RawDevice::connect(first.addr, "dev-2", false).await;
+    other.send_reading(1, false, 10).await;
+    let mut both = [tokio::time::timeout(WAIT, stalled.recv()).await.unwrap().unwrap(), ""];
+    both[1] = tokio::time::timeout(WAIT, stalled.recv()).await.unwrap().unwrap();
+    both.sort_unstable();
+    assert_eq!(both, ["after", "before"]);
+    doomed.shutdown_background();
+    drop((device, other));
+
+    // The next run, on the same buffer and state: the devices send again,
+    // with DUP, what they got no PUBACK for.
+    let here = tokio::runtime::Handle::current();
+    let second = start_on(&config(&[]), Arc::clone(&buffer), Some(dir.path()), &here);
+    let mut device = RawDevice::connect(second.addr, "dev-1", false).await;
+    device.publish(2, true, 2).await;
+    device.publish(3, true, 3).await;
+    device.publish(4, false, 4).await;
+    let mut other = RawDevice::connect(second.addr, "dev-2", false).await;
+    other.publish(1, true, 10).await;
+    let counts = stored_counts(&buffer).await;
+    assert_eq!(counts, BTreeMap::from([(1, 1), (2, 1), (3, 1), (4, 1), (10, 1)]));
+    assert_eq!(second.health.to_json()["resent_total"], 2);
+    second.stop.cancel();
+    drop((device, other));
+    tokio::time::timeout(WAIT, second.task).await.unwrap().unwrap().unwrap();
 }
 
 /// A self-signed certificate for 127.0.0.1 made by the openssl command

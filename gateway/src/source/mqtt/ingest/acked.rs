@@ -1,0 +1,573 @@
+//! What the ingest endpoint remembers of the messages it acknowledged,
+//! per persistent client, so that a copy a device sends again (DUP, same
+//! packet id) after its PUBACK was lost is not stored twice, also after
+//! the gateway crashed.
+//!
+//! A device resends what it got no PUBACK for: after a crash those are the
+//! messages of the batches in flight, appended or half appended. So the
+//! memory is kept in a journal in the buffer's directory, one entry per
+//! write: before a batch is appended, an *appending* entry names its
+//! records (packet id, fingerprint, the record's CRC-32C) and where in the
+//! buffer they start at the earliest; once appended, an *acknowledged*
+//! entry names every QoS 1 message of the batch. The next run replays the
+//! journal; of a batch appending and never acknowledged it reads the
+//! buffer back and remembers the records it finds there, only those: a
+//! message is never taken for stored that is not.
+//!
+//! The journal is written without fsync, like the MQTT source's list: a
+//! process crash keeps it (the kernel has it), a power cut may not, and
+//! then copies are stored again (at least once, as without it). So are the
+//! records of an interrupted append that the uplink had already shipped
+//! (the buffer no longer holds them to be read back). It is compacted,
+//! rewritten as the memory it replays to, once it grew past twice that.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use rumqttc::mqttbytes::QoS;
+use rumqttc::mqttbytes::v4::Publish;
+
+use super::super::redelivery::{Fingerprint, Reader};
+use crate::buffer::Record;
+
+/// Messages remembered per client: far more than a device keeps in
+/// flight.
+pub(super) const ACKED_PER_CLIENT: usize = 1024;
+
+/// The journal is compacted once it is this long at least (and twice what
+/// the last compaction wrote).
+const COMPACT_MIN: u64 = 4 << 20;
+
+/// Longest entry read back: a snapshot of one client (1,024 messages and a
+/// client id of up to 64 KiB) or a batch (at most 10,000 messages) fits.
+const MAX_ENTRY: usize = 1 << 20;
+
+/// A QoS 1 message as remembered: its packet id and fingerprint.
+type Message = (u16, Fingerprint);
+
+const APPENDING: u8 = 1;
+const ACKNOWLEDGED: u8 = 2;
+
+/// The memory, shared by every connection of the endpoint.
+#[derive(Debug)]
+pub(super) struct Acked {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Per persistent client, its latest QoS 1 messages acknowledged.
+    clients: HashMap<String, VecDeque<Message>>,
+    /// Most clients remembered.
+    max_clients: usize,
+    /// Batches being appended, by number: written again when the journal
+    /// is compacted.
+    appending: HashMap<u64, Batch>,
+    next_batch: u64,
+    /// Batches of the last run appending when it stopped, by number, until
+    /// [`Acked::recover`] learned what of them was stored.
+    interrupted: Vec<(u64, Batch)>,
+    /// Where the journal is kept, while it can be.
+    path: Option<PathBuf>,
+    journal: Option<Journal>,
+}
+
+/// A batch about to be appended: its client, where its records start at
+/// the earliest (the buffer's watermark before the append) and, per QoS 1
+/// record, the packet id, the message's fingerprint and the record's
+/// CRC-32C.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Batch {
+    pub client: String,
+    pub from_seq: u64,
+    pub records: Vec<(u16, Fingerprint, u32)>,
+}
+
+/// The journal open for appending: its length, and the length at which it
+/// is compacted.
+#[derive(Debug)]
+struct Journal {
+    file: File,
+    len: u64,
+    compact_at: u64,
+}
+
+impl Acked {
+    /// Remembers in memory only: lost connections, not restarts.
+    pub fn in_memory(max_clients: usize) -> Acked {
+        Acked::with(State { max_clients, ..State::default() })
+    }
+
+    /// Remembers in the journal at `path` too, starting with what the last
+    /// run left there. A journal that cannot be read or written is logged
+    /// and leaves delivery at least once; it never stops the endpoint.
+    pub fn open(path: &Path, source: &str, max_clients: usize) -> Acked {
+        let mut state = State { max_clients, ..State::default() };
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let read = state.replay(&bytes);
+                if read < bytes.len() {
+                    tracing::warn!(%source, path = %path.display(), at = read, "the journal of acknowledged messages ends in a damaged entry: what follows is ignored (those messages may be stored twice if sent again)");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(%source, path = %path.display(), error = %e, "cannot read the journal of acknowledged messages: messages sent again may be stored twice");
+            }
+        }
+        state.interrupted = state.appending.drain().collect();
+        state.interrupted.sort_by_key(|(_, b)| b.from_seq);
+        if !state.clients.is_empty() || !state.interrupted.is_empty() {
+            tracing::info!(%source, clients = state.clients.len(), interrupted = state.interrupted.len(), "remembered what devices may send again from before the last stop");
+        }
+        state.path = Some(path.to_owned());
+        let acked = Acked::with(state);
+        acked.lock().compact();
+        acked
+    }
+
+    fn with(state: State) -> Acked {
+        Acked { state: Mutex::new(state) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Where the batches appending when the last run stopped start at the
+    /// earliest, if there were any: read the buffer from there and pass
+    /// the records to [`Acked::recover`].
+    pub fn interrupted_from(&self) -> Option<u64> {
+        self.lock().interrupted.first().map(|(_, b)| b.from_seq)
+    }
+
+    /// Of the batches appending when the last run stopped, what made it
+    /// into the buffer (`records`, from [`Acked::interrupted_from`] on)
+    /// was stored unacknowledged, and devices send it again.
+    pub fn recover(&self, records: &[Record]) {
+        let mut state = self.lock();
+        let stored: HashSet<u32> = records.iter().map(|r| crc32c::crc32c(&r.payload)).collect();
+        let (mut found, mut of) = (0, 0);
+        for (_, batch) in std::mem::take(&mut state.interrupted) {
+            of += batch.records.len();
+            let mine = batch
+                .records
+                .iter()
+                .filter(|(_, _, crc)| stored.contains(crc))
+                .map(|(pkid, f, _)| (*pkid, *f))
+                .collect::<Vec<_>>();
+            found += mine.len();
+            state.remember(&batch.client, mine);
+        }
+        tracing::info!(
+            stored = found,
+            of,
+            "batches were being appended at the last stop; what was stored will not be stored again"
+        );
+        state.compact();
+    }
+
+    /// For each publish of `client`: `true` when it is a copy (DUP, same
+    /// packet id, topic and payload) of one already acknowledged.
+    pub fn resent(&self, client: &str, publishes: &[Publish]) -> Vec<bool> {
+        let state = self.lock();
+        let Some(acked) = state.clients.get(client) else { return vec![false; publishes.len()] };
+        publishes
+            .iter()
+            .map(|p| p.dup && acked.contains(&(p.pkid, Fingerprint::of(&p.topic, &p.payload))))
+            .collect()
+    }
+
+    /// `batch` is about to be appended; pass the number returned to
+    /// [`Acked::acknowledging`] once it is.
+    pub fn appending(&self, batch: Batch) -> u64 {
+        let mut state = self.lock();
+        state.next_batch += 1;
+        let number = state.next_batch;
+        let entry = encode_appending(number, &batch);
+        state.write(&entry);
+        state.appending.insert(number, batch);
+        number
+    }
+
+    /// Remembers the QoS 1 publishes of `client` about to be acknowledged,
+    /// and that `batch` (from [`Acked::appending`]) is stored.
+    pub fn acknowledging(&self, client: &str, batch: Option<u64>, publishes: &[Publish]) {
+        let mut state = self.lock();
+        if let Some(number) = batch {
+            state.appending.remove(&number);
+        }
+        let messages: Vec<Message> = publishes
+            .iter()
+            .filter(|p| p.qos == QoS::AtLeastOnce)
+            .map(|p| (p.pkid, Fingerprint::of(&p.topic, &p.payload)))
+            .collect();
+        let entry = encode_acknowledged(batch.unwrap_or(0), client, messages.iter().copied());
+        state.remember(client, messages);
+        state.write(&entry);
+    }
+
+    /// Clients remembered, and messages of theirs.
+    #[cfg(test)]
+    pub fn remembered(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.clients.len(), state.clients.values().map(VecDeque::len).sum())
+    }
+}
+
+impl State {
+    fn remember(&mut self, client: &str, messages: impl IntoIterator<Item = Message>) {
+        if !self.clients.contains_key(client) && self.clients.len() >= self.max_clients {
+            // A client long gone: its PUBACKs are not waited for any more.
+            let gone = self.clients.keys().next().cloned();
+            if let Some(gone) = gone {
+                self.clients.remove(&gone);
+            }
+        }
+        let mine = self.clients.entry(client.to_owned()).or_default();
+        for message in messages {
+            if mine.len() == ACKED_PER_CLIENT {
+                mine.pop_front();
+            }
+            mine.push_back(message);
+        }
+    }
+
+    /// Applies the journal's entries; returns how many bytes were whole
+    /// entries.
+    fn replay(&mut self, bytes: &[u8]) -> usize {
+        let mut at = 0;
+        while let Some((kind, body, next)) = entry(bytes, at) {
+            let mut r = Reader::new(body);
+            let applied = match kind {
+                APPENDING => decode_appending(&mut r).map(|(number, batch)| {
+                    self.next_batch = self.next_batch.max(number);
+                    self.appending.insert(number, batch);
+                }),
+                ACKNOWLEDGED => decode_acknowledged(&mut r).map(|(number, client, messages)| {
+                    self.appending.remove(&number);
+                    self.remember(&client, messages);
+                }),
+                _ => None,
+            };
+            if applied.is_none() {
+                break;
+            }
+            at = next;
+        }
+        at
+    }
+
+    /// Appends `entry` to the journal, compacting it when it grew enough.
+    fn write(&mut self, entry: &[u8]) {
+        let Some(journal) = &mut self.journal else { return };
+        // One write per entry: a crash leaves it whole or torn at the end,
+        // where replaying stops.
+        if let Err(e) = journal.file.write_all(entry) {
+            self.fail("write", &e);
+            return;
+        }
+        journal.len += entry.len() as u64;
+        if journal.len >= journal.compact_at {
+            self.compact();
+        }
+    }
+
+    /// Rewrites the journal as what it replays to: each client's memory,
+    /// the batches being appended and those interrupted, not yet
+    /// recovered. Written beside it, then renamed over it.
+    fn compact(&mut self) {
+        let Some(path) = &self.path else { return };
+        let mut bytes = Vec::new();
+        for (client, messages) in &self.clients {
+            bytes.extend(encode_acknowledged(0, client, messages.iter().copied()));
+        }
+        let appending = self.appending.iter().map(|(n, b)| (*n, b));
+        for (number, batch) in appending.chain(self.interrupted.iter().map(|(n, b)| (*n, b))) {
+            bytes.extend(encode_appending(number, batch));
+        }
+        let tmp = path.with_extension("acked.tmp");
+        let rewritten = std::fs::write(&tmp, &bytes)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .and_then(|()| OpenOptions::new().append(true).open(path));
+        match rewritten {
+            Ok(file) => {
+                let len = bytes.len() as u64;
+                self.journal = Some(Journal { file, len, compact_at: COMPACT_MIN.max(2 * len) });
+            }
+            Err(e) => self.fail("rewrite", &e),
+        }
+    }
+
+    /// Stops journaling after an I/O error.
+    fn fail(&mut self, doing: &str, e: &std::io::Error) {
+        let path = self.path.take().unwrap_or_default();
+        tracing::warn!(path = %path.display(), error = %e, "cannot {doing} the journal of acknowledged messages: after a crash, messages sent again may be stored twice");
+        self.journal = None;
+    }
+}
+
+/// The entry at `at`: kind, body and where the next starts; `None` at the
+/// end or at a torn or damaged entry. An entry is its body's length (u32
+/// LE), its CRC-32C (u32 LE) and the body: kind (u8) and fields.
+fn entry(bytes: &[u8], at: usize) -> Option<(u8, &[u8], usize)> {
+    let mut r = Reader::new(bytes.get(at..)?);
+    let len = usize::try_from(r.u32()?).ok().filter(|n| (1..=MAX_ENTRY).contains(n))?;
+    let crc = r.u32()?;
+    let body = r.bytes(len)?;
+    (crc32c::crc32c(body) == crc).then(|| (body[0], &body[1..], at + 8 + len))
+}
+
+fn frame(kind: u8, fields: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(1 + fields.len());
+    body.push(kind);
+    body.extend_from_slice(fields);
+    let mut entry = Vec::with_capacity(8 + body.len());
+    entry.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+    entry.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    entry.extend_from_slice(&body);
+    entry
+}
+
+/// Client ids are at most 65,535 bytes in MQTT; a longer one (not
+/// possible from the codec) is cut.
+fn put_client(fields: &mut Vec<u8>, client: &str) {
+    let bytes = &client.as_bytes()[..client.len().min(usize::from(u16::MAX))];
+    fields.extend_from_slice(&u16::try_from(bytes.len()).unwrap_or(u16::MAX).to_le_bytes());
+    fields.extend_from_slice(bytes);
+}
+
+/// Number (u64), client, from_seq (u64), count (u32), then packet id
+/// (u16), fingerprint (u64) and CRC (u32) per record.
+fn encode_appending(number: u64, batch: &Batch) -> Vec<u8> {
+    let mut fields = Vec::with_capacity(24 + batch.client.len() + 14 * batch.records.len());
+    fields.extend_from_slice(&number.to_le_bytes());
+    put_client(&mut fields, &batch.client);
+    fields.extend_from_slice(&batch.from_seq.to_le_bytes());
+    fields.extend_from_slice(&u32::try_from(batch.records.len()).unwrap_or(0).to_le_bytes());
+    for (pkid, f, crc) in &batch.records {
+        fields.extend_from_slice(&pkid.to_le_bytes());
+        fields.extend_from_slice(&f.to_bits().to_le_bytes());
+        fields.extend_from_slice(&crc.to_le_bytes());
+    }
+    frame(APPENDING, &fields)
+}
+
+/// Number (u64, 0 for none), client, count (u32), then packet id (u16)
+/// and fingerprint (u64) per message.
+fn encode_acknowledged(
+    number: u64,
+    client: &str,
+    messages: impl ExactSizeIterator<Item = Message>,
+) -> Vec<u8> {
+    let mut fields = Vec::with_capacity(16 + client.len() + 10 * messages.len());
+    fields.extend_from_slice(&number.to_le_bytes());
+    put_client(&mut fields, client);
+    fields.extend_from_slice(&u32::try_from(messages.len()).unwrap_or(0).to_le_bytes());
+    for (pkid, f) in messages {
+        fields.extend_from_slice(&pkid.to_le_bytes());
+        fields.extend_from_slice(&f.to_bits().to_le_bytes());
+    }
+    frame(ACKNOWLEDGED, &fields)
+}
+
+fn get_client(r: &mut Reader<'_>) -> Option<String> {
+    let len = usize::from(r.u16()?);
+    String::from_utf8(r.bytes(len)?.to_vec()).ok()
+}
+
+fn decode_appending(r: &mut Reader<'_>) -> Option<(u64, Batch)> {
+    let number = r.u64()?;
+    let client = get_client(r)?;
+    let from_seq = r.u64()?;
+    let n = r.u32()?;
+    let records = (0..n)
+        .map(|_| Some((r.u16()?, Fingerprint::from_bits(r.u64()?), r.u32()?)))
+        .collect::<Option<Vec<_>>>()?;
+    Some((number, Batch { client, from_seq, records }))
+}
+
+fn decode_acknowledged(r: &mut Reader<'_>) -> Option<(u64, String, Vec<Message>)> {
+    let number = r.u64()?;
+    let client = get_client(r)?;
+    let n = r.u32()?;
+    let messages = (0..n)
+        .map(|_| Some((r.u16()?, Fingerprint::from_bits(r.u64()?))))
+        .collect::<Option<Vec<_>>>()?;
+    Some((number, client, messages))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn publish(pkid: u16, payload: &str) -> Publish {
+        let mut p = Publish::new("readers/r1/tags", QoS::AtLeastOnce, payload.to_owned());
+        p.pkid = pkid;
+        p.dup = true;
+        p
+    }
+
+    fn record(p: &Publish) -> (u16, Fingerprint, u32) {
+        (p.pkid, Fingerprint::of(&p.topic, &p.payload), crc32c::crc32c(&p.payload))
+    }
+
+    #[test]
+    fn what_is_remembered_is_bounded() {
+        let acked = Acked::in_memory(2);
+        let publishes: Vec<Publish> =
+            (1..=ACKED_PER_CLIENT as u16 + 5).map(|n| publish(n, &n.to_string())).collect();
+        for client in ["a", "b", "c"] {
+            acked.acknowledging(client, None, &publishes);
+        }
+        assert_eq!(acked.remembered(), (2, 2 * ACKED_PER_CLIENT));
+        // The oldest of a client are forgotten first.
+        assert_eq!(acked.resent("c", &publishes[..6]), [false, false, false, false, false, true]);
+    }
+
+    #[test]
+    fn acknowledged_messages_are_remembered_by_the_next_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.acked");
+        let (a, b, c) = (publish(1, "a"), publish(2, "b"), publish(3, "c"));
+        let acked = Acked::open(&path, "test", 10);
+        let number = acked.appending(Batch {
+            client: "dev-1".into(),
+            from_seq: 0,
+            records: vec![record(&a), record(&b)],
+        });
+        acked.acknowledging("dev-1", Some(number), &[a.clone(), b.clone()]);
+        acked.acknowledging("dev-2", None, std::slice::from_ref(&c));
+        drop(acked);
+
+        let next = Acked::open(&path, "test", 10);
+        assert_eq!(next.interrupted_from(), None, "the batch was acknowledged");
+        assert_eq!(next.resent("dev-1", &[a.clone(), b, c.clone()]), [true, true, false]);
+        assert_eq!(next.resent("dev-2", std::slice::from_ref(&c)), [true]);
+        // Only copies: the same message without DUP is a new one.
+        let mut again = a;
+        again.dup = false;
+        assert_eq!(next.resent("dev-1", &[again]), [false]);
+    }
+
+    #[test]
+    fn of_an_interrupted_append_only_what_the_buffer_holds_is_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.acked");
+        let batch: Vec<Publish> = (1..=4).map(|n| publish(n, &format!("r{n}"))).collect();
+        let other = publish(9, "other");
+        let acked = Acked::open(&path, "test", 10);
+        acked.appending(Batch {
+            client: "dev-1".into(),
+            from_seq: 40,
+            records: batch.iter().map(record).collect(),
+        });
+        acked.appending(Batch {
+            client: "dev-2".into(),
+            from_seq: 42,
+            records: vec![record(&other)],
+        });
+        // The process dies in the appends.
+        drop(acked);
+
+        let next = Acked::open(&path, "test", 10);
+        assert_eq!(next.interrupted_from(), Some(40));
+        // The buffer holds the first two of dev-1's batch and someone
+        // else's record; dev-2's never made it.
+        let stored = [&batch[0], &batch[1], &publish(7, "x")]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Record { seq: 40 + i as u64, payload: Bytes::from(p.payload.to_vec()) })
+            .collect::<Vec<_>>();
+        next.recover(&stored);
+        assert_eq!(next.interrupted_from(), None);
+        assert_eq!(next.resent("dev-1", &batch), [true, true, false, false]);
+        assert_eq!(next.resent("dev-2", std::slice::from_ref(&other)), [false]);
+        drop(next);
+        // What was recovered is in the journal, and nothing is read back
+        // again.
+        let third = Acked::open(&path, "test", 10);
+        assert_eq!(third.interrupted_from(), None);
+        assert_eq!(third.resent("dev-1", &batch[..2]), [true, true]);
+    }
+
+    #[test]
+    fn an_interrupted_append_not_yet_recovered_survives_another_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.acked");
+        let a = publish(1, "a");
+        let acked = Acked::open(&path, "test", 10);
+        acked.appending(Batch { client: "dev-1".into(), from_seq: 5, records: vec![record(&a)] });
+        drop(acked);
+        // Opened (compacted) and stopped before recovering.
+        drop(Acked::open(&path, "test", 10));
+        let next = Acked::open(&path, "test", 10);
+        assert_eq!(next.interrupted_from(), Some(5));
+        next.recover(&[Record { seq: 5, payload: Bytes::from_static(b"a") }]);
+        assert_eq!(next.resent("dev-1", &[a]), [true]);
+    }
+
+    #[test]
+    fn a_damaged_journal_keeps_what_precedes_the_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.acked");
+        let (a, b) = (publish(1, "a"), publish(2, "b"));
+        let acked = Acked::open(&path, "test", 10);
+        acked.acknowledging("dev-1", None, std::slice::from_ref(&a));
+        let whole = std::fs::metadata(&path).unwrap().len();
+        acked.acknowledging("dev-1", None, std::slice::from_ref(&b));
+        drop(acked);
+        let mut bytes = std::fs::read(&path).unwrap();
+        // A flipped bit in the second entry, then a torn third.
+        let at = usize::try_from(whole).unwrap() + 12;
+        bytes[at] ^= 1;
+        bytes.extend_from_slice(&[7, 0, 0]);
+        std::fs::write(&path, &bytes).unwrap();
+
+        let next = Acked::open(&path, "test", 10);
+        assert_eq!(next.resent("dev-1", &[a, b]), [true, false]);
+        // Garbage from the start is no memory at all, and no panic.
+        std::fs::write(&path, b"\xff\xff\xff\xff garbage").unwrap();
+        assert_eq!(Acked::open(&path, "test", 10).remembered(), (0, 0));
+        std::fs::write(&path, [16, 0, 0, 0]).unwrap();
+        assert_eq!(Acked::open(&path, "test", 10).remembered(), (0, 0));
+    }
+
+    #[test]
+    fn the_journal_is_compacted_as_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.acked");
+        let acked = Acked::open(&path, "test", 10);
+        let mut largest = 0;
+        // About 10 MiB of entries for two clients.
+        for round in 0..10_000u32 {
+            let batch: Vec<Publish> =
+                (0..100u16).map(|n| publish(n, &format!("{round}-{n}"))).collect();
+            acked.acknowledging(if round % 2 == 0 { "dev-1" } else { "dev-2" }, None, &batch);
+            largest = largest.max(std::fs::metadata(&path).unwrap().len());
+        }
+        assert!(largest <= COMPACT_MIN + 2048, "the journal grew to {largest} bytes");
+        drop(acked);
+        let next = Acked::open(&path, "test", 10);
+        assert_eq!(next.remembered(), (2, 2 * ACKED_PER_CLIENT));
+        let last = publish(99, "9999-99");
+        assert_eq!(next.resent("dev-2", &[last]), [true]);
+    }
+
+    #[test]
+    fn an_unwritable_journal_leaves_the_memory_working() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the journal should be: it cannot be written.
+        let path = dir.path().join("j.acked");
+        std::fs::create_dir(&path).unwrap();
+        let acked = Acked::open(&path, "test", 10);
+        let a = publish(1, "a");
+        acked.acknowledging("dev-1", None, std::slice::from_ref(&a));
+        assert_eq!(acked.resent("dev-1", &[a]), [true]);
+    }
+}
