@@ -19,9 +19,10 @@
 //! - Store trouble answers RETRY_LATER: the gateway keeps its buffer.
 //! - So does a workspace whose monthly event quota is used up: the events
 //!   wait at the edge until the quota allows them (a new month, a raised
-//!   quota) instead of being refused. A batch is let in while anything is
-//!   left, so it may overshoot the quota by up to its own size (the store
-//!   knows which of its events are new; the receiver does not).
+//!   quota) instead of being refused. Of a batch that would pass it, a
+//!   prefix of as many events as are left is stored (what is left is held
+//!   for it against other calls in flight, [`crate::usage::QuotaHold`])
+//!   and acknowledged, with RETRY_LATER for the rest.
 
 pub mod grpc;
 mod in_flight;
@@ -44,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::store::gateway::BatchCommit;
 use crate::store::{NewEvent, Store};
 use crate::telemetry::Metrics;
-use crate::usage::Usage;
+use crate::usage::{QuotaHold, Usage};
 
 /// Most events in one batch.
 pub const MAX_BATCH_EVENTS: usize = 10_000;
@@ -263,22 +264,34 @@ impl Receiver {
         transport: &str,
         ready: ReadyBatch,
     ) -> pb::Ack {
-        let ReadyBatch { mut ack, range, events, skipped } = ready;
+        let ReadyBatch { mut ack, mut range, mut events, skipped } = ready;
         let (gateway, epoch) = (ack.gateway_id.clone(), ack.epoch);
         let workspace = &principal.workspace_id;
+        let want = events.len() as u64;
         // Store trouble here shows again in the commit and is answered there.
-        if let Ok(Some(0)) = self.usage.quota_left(self.store.as_ref(), workspace).await {
-            self.metrics.reject("quota_exceeded");
-            tracing::info!(%gateway, "monthly event quota used up: the batch waits at the gateway");
-            ack.status = pb::AckStatus::RetryLater as i32;
-            ack.error = "the workspace's monthly event quota is used up: the events stay in the gateway's buffer until it allows them".to_owned();
-            return ack;
+        let quota =
+            self.usage.hold_quota(self.store.as_ref(), workspace, want).await.ok().flatten();
+        // Past the quota, what fits of the batch is stored (a prefix: the
+        // ack is cumulative) and the rest waits at the gateway.
+        let fits = quota.as_ref().map_or(want, QuotaHold::limit);
+        let held_back = fits < want;
+        if held_back {
+            if fits == 0 {
+                self.metrics.reject("quota_exceeded");
+                tracing::info!(%gateway, "monthly event quota used up: the batch waits at the gateway");
+                return quota_used_up(ack);
+            }
+            events.truncate(usize::try_from(fits).unwrap_or(usize::MAX));
+            range.1 = events.last().map_or(range.1, |(seq, _)| *seq);
         }
+        let limit = quota.as_ref().map(QuotaHold::limit);
         let outcome =
-            self.store.commit_gateway_batch(workspace, &gateway, epoch, range, events).await;
+            self.store.commit_gateway_batch(workspace, &gateway, epoch, range, events, limit).await;
         match outcome {
             Ok(BatchCommit::Acked { acked_sequence, inserted }) => {
-                self.usage.count_stored(workspace, inserted);
+                if let Some(quota) = quota {
+                    quota.stored(inserted);
+                }
                 self.metrics.ingested(transport, inserted);
                 self.publish(principal, &gateway, epoch, acked_sequence);
                 ack.acked_sequence = acked_sequence;
@@ -294,6 +307,11 @@ impl Receiver {
                         skipped.len(),
                         skipped.join("; ")
                     );
+                }
+                if held_back {
+                    self.metrics.reject("quota_exceeded");
+                    tracing::info!(%gateway, acked_sequence, "monthly event quota used up: the rest of the batch waits at the gateway");
+                    return quota_used_up(ack);
                 }
             }
             Ok(BatchCommit::Gap { acked_sequence }) => {
@@ -403,6 +421,17 @@ impl Receiver {
         let mut receiver = receiver;
         let ready = |&(e, acked): &SessionAck| e != epoch || acked >= at_least;
         let _ = tokio::time::timeout(GAP_WAIT, receiver.wait_for(ready)).await;
+    }
+}
+
+/// The answer while the workspace's monthly event quota is used up: retry
+/// later, the events stay in the gateway's buffer (what `ack` acknowledges
+/// of the batch is stored).
+fn quota_used_up(ack: pb::Ack) -> pb::Ack {
+    pb::Ack {
+        status: pb::AckStatus::RetryLater as i32,
+        error: "the workspace's monthly event quota is used up: the events stay in the gateway's buffer until it allows them".to_owned(),
+        ..ack
     }
 }
 

@@ -29,6 +29,21 @@ pub struct Usage {
     /// Events ingested this month per workspace, cached briefly for quota
     /// checks.
     month_counts: Mutex<HashMap<String, (Instant, u64)>>,
+    /// Per workspace, the part of the quota held by store calls in flight
+    /// ([`QuotaHold`]).
+    quota_held: Mutex<HashMap<String, u64>>,
+}
+
+/// Part of a workspace's monthly quota held for one store call, from
+/// before it starts until it says how many events it stored
+/// ([`QuotaHold::stored`]; dropped unsaid, after an error, it stored none).
+/// Calls of this process in flight at once then cannot together pass the
+/// quota, as they could if each read what is left before the others'
+/// events were counted.
+pub struct QuotaHold<'a> {
+    usage: &'a Usage,
+    workspace_id: String,
+    held: u64,
 }
 
 const QUOTA_CACHE: Duration = Duration::from_secs(2);
@@ -42,6 +57,7 @@ impl Usage {
             buckets: Mutex::new(HashMap::new()),
             pending_calls: Mutex::new(HashMap::new()),
             month_counts: Mutex::new(HashMap::new()),
+            quota_held: Mutex::new(HashMap::new()),
         }
     }
 
@@ -100,11 +116,33 @@ impl Usage {
         }
     }
 
-    /// How many more events the workspace may store this month; `None`
-    /// without a quota. Read from a count cached for two seconds (with
-    /// what this process stored since added), so other nodes and concurrent
-    /// requests may overshoot it by what they store in that time.
-    pub async fn quota_left(&self, store: &dyn Store, workspace_id: &str) -> Result<Option<u64>> {
+    /// Holds for one store call up to `want` of the events the workspace
+    /// may still store this month (what is left, less what other calls in
+    /// flight hold); `None` without a quota. The call must store no more
+    /// new events than [`QuotaHold::limit`]. What is left is read from a
+    /// count cached for two seconds (with what this process stored since
+    /// added), so other nodes may overshoot the quota by what they store
+    /// in that time.
+    pub async fn hold_quota(
+        &self,
+        store: &dyn Store,
+        workspace_id: &str,
+        want: u64,
+    ) -> Result<Option<QuotaHold<'_>>> {
+        let Some(left) = self.quota_left(store, workspace_id).await? else { return Ok(None) };
+        let mut held = self.quota_held.lock().map_err(|_| Error::internal("quota poisoned"))?;
+        if held.len() >= MAX_TRACKED {
+            held.retain(|_, n| *n > 0);
+        }
+        let others = held.entry(workspace_id.to_owned()).or_default();
+        let mine = want.min(left.saturating_sub(*others));
+        *others += mine;
+        Ok(Some(QuotaHold { usage: self, workspace_id: workspace_id.to_owned(), held: mine }))
+    }
+
+    /// How many more events the workspace may store this month, counting
+    /// nothing held; `None` without a quota.
+    async fn quota_left(&self, store: &dyn Store, workspace_id: &str) -> Result<Option<u64>> {
         let quota = self.quota.monthly_event_quota;
         if quota == 0 {
             return Ok(None);
@@ -135,7 +173,7 @@ impl Usage {
 
     /// Adds events just stored to the cached month count, so that this
     /// process's next quota check sees them without a store read.
-    pub fn count_stored(&self, workspace_id: &str, stored: usize) {
+    fn count_stored(&self, workspace_id: &str, stored: usize) {
         // Without a quota nothing reads the count: no lock on the hot path.
         if self.quota.monthly_event_quota == 0 || stored == 0 {
             return;
@@ -158,6 +196,32 @@ impl Usage {
             if let Err(e) = store.record_api_calls(&ws, now, calls).await {
                 tracing::warn!(workspace = %ws, error = %e, "could not record API calls");
             }
+        }
+    }
+}
+
+impl QuotaHold<'_> {
+    /// Most new events the call may store.
+    pub fn limit(&self) -> u64 {
+        self.held
+    }
+
+    /// The call stored `inserted` events: they count as used, and the
+    /// hold is let go.
+    pub fn stored(self, inserted: usize) {
+        self.usage.count_stored(&self.workspace_id, inserted);
+    }
+}
+
+impl Drop for QuotaHold<'_> {
+    fn drop(&mut self) {
+        if self.held == 0 {
+            return;
+        }
+        if let Ok(mut held) = self.usage.quota_held.lock()
+            && let Some(n) = held.get_mut(&self.workspace_id)
+        {
+            *n = n.saturating_sub(self.held);
         }
     }
 }
@@ -225,5 +289,34 @@ mod tests {
         // Other workspaces have their own bucket.
         assert_eq!(usage.requests_left("other"), Some(2));
         usage.admit("other").unwrap();
+    }
+
+    #[tokio::test]
+    async fn calls_in_flight_hold_their_part_of_the_quota() {
+        let (store, _dir) = crate::store::embedded::temp_store();
+        let usage = Usage::new(
+            RateLimitConfig { requests_per_second: 0, burst: 0 },
+            UsageConfig { monthly_event_quota: 10 },
+        );
+        let hold = async |want| usage.hold_quota(&store, "ws", want).await.unwrap().unwrap();
+        let a = hold(6).await;
+        let b = hold(6).await;
+        assert_eq!((a.limit(), b.limit()), (6, 4), "b gets what a does not hold");
+        assert_eq!(hold(1).await.limit(), 0);
+        // a failed: what it held is free again.
+        drop(a);
+        let c = hold(8).await;
+        assert_eq!(c.limit(), 6);
+        // b stored 3 of its 4, c all 6: one is left.
+        b.stored(3);
+        c.stored(6);
+        assert_eq!(hold(5).await.limit(), 1);
+        assert_eq!(usage.hold_quota(&store, "other", 20).await.unwrap().unwrap().limit(), 10);
+        // Without a quota nothing is held.
+        let free = Usage::new(
+            RateLimitConfig { requests_per_second: 0, burst: 0 },
+            UsageConfig { monthly_event_quota: 0 },
+        );
+        assert!(free.hold_quota(&store, "ws", 5).await.unwrap().is_none());
     }
 }

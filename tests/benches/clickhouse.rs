@@ -144,7 +144,7 @@ async fn commit_batch(
     *sequence = last;
     let batch: Vec<(u64, NewEvent)> = (first..).zip(batch).collect();
     match store
-        .commit_gateway_batch(WORKSPACE, "bench-gateway", epoch, (first, last), batch)
+        .commit_gateway_batch(WORKSPACE, "bench-gateway", epoch, (first, last), batch, None)
         .await
         .expect("commit a gateway batch")
     {

@@ -120,8 +120,9 @@ pub async fn ingest(
     }
     // The store applies the quota to new events only: a re-sync of known
     // records is an update and passes however little is left.
-    let new_event_limit =
-        state.usage.quota_left(state.store.as_ref(), &principal.workspace_id).await?;
+    let want = accepted.len() as u64;
+    let quota = state.usage.hold_quota(state.store.as_ref(), &principal.workspace_id, want).await?;
+    let new_event_limit = quota.as_ref().map(crate::usage::QuotaHold::limit);
     let sync = SyncRecord {
         id: crate::ids::new_id("syn"),
         provider: provider.to_owned(),
@@ -137,7 +138,9 @@ pub async fn ingest(
         .upsert_connector_records(&principal.workspace_id, accepted, sync, new_event_limit)
         .await?;
     let ingested = usize::try_from(stored.ingested).unwrap_or(usize::MAX);
-    state.usage.count_stored(&principal.workspace_id, ingested);
+    if let Some(quota) = quota {
+        quota.stored(ingested);
+    }
     state.metrics.ingested("connector", ingested);
     Ok(Json(ConnectorIngestResponse {
         provider: provider.to_owned(),

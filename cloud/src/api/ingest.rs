@@ -12,6 +12,7 @@ use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::store::{AppendRequest, AppendResult, IdempotencyKey, NewEvent};
+use crate::usage::QuotaHold;
 
 /// Most envelopes in one batch.
 pub const MAX_BATCH: usize = opgraph_proto::envelope::MAX_BATCH;
@@ -85,7 +86,9 @@ pub async fn record(
 ) -> Result<AppendResult> {
     // The store applies the quota to what it would add, so that a replay
     // is answered however little is left.
-    let new_event_limit = state.usage.quota_left(state.store.as_ref(), workspace_id).await?;
+    let want = events.len() as u64;
+    let quota = state.usage.hold_quota(state.store.as_ref(), workspace_id, want).await?;
+    let new_event_limit = quota.as_ref().map(QuotaHold::limit);
     let request = AppendRequest {
         events: events
             .into_iter()
@@ -95,7 +98,9 @@ pub async fn record(
         new_event_limit,
     };
     let result = state.store.append_events(workspace_id, request).await?;
-    state.usage.count_stored(workspace_id, result.inserted);
+    if let Some(quota) = quota {
+        quota.stored(result.inserted);
+    }
     state.metrics.ingested(source, result.inserted);
     Ok(result)
 }

@@ -928,25 +928,33 @@ pub async fn gateway_batches(store: &dyn Store) {
     let ingested_before = ingested().await;
     let session = store.open_gateway_session(WS, "gw-1", "buf-1").await.unwrap();
     assert_eq!(session, GatewaySession { epoch: 1, acked_sequence: 0 });
-    let commit = store.commit_gateway_batch(WS, "gw-1", 1, (1, 3), batch(1, &["a", "b", "c"]));
+    let commit =
+        store.commit_gateway_batch(WS, "gw-1", 1, (1, 3), batch(1, &["a", "b", "c"]), None);
     assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
     // Redelivered whole, or overlapping the ack: only what is new is stored.
-    let again = store.commit_gateway_batch(WS, "gw-1", 1, (1, 3), batch(1, &["a", "b", "c"]));
+    let again = store.commit_gateway_batch(WS, "gw-1", 1, (1, 3), batch(1, &["a", "b", "c"]), None);
     assert_eq!(again.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 0 });
-    let overlap = store.commit_gateway_batch(WS, "gw-1", 1, (3, 4), batch(3, &["c", "d"]));
+    let overlap = store.commit_gateway_batch(WS, "gw-1", 1, (3, 4), batch(3, &["c", "d"]), None);
     assert_eq!(overlap.await.unwrap(), BatchCommit::Acked { acked_sequence: 4, inserted: 1 });
-    let gap = store.commit_gateway_batch(WS, "gw-1", 1, (6, 6), batch(6, &["f"]));
+    // More new events than the quota leaves refuse the commit whole (the
+    // gap below shows the ack stayed); with none left a redelivery passes.
+    let over = store.commit_gateway_batch(WS, "gw-1", 1, (5, 6), batch(5, &["e", "f"]), Some(1));
+    assert_eq!(over.await.unwrap_err().code(), "rate_limited");
+    let redelivered =
+        store.commit_gateway_batch(WS, "gw-1", 1, (3, 4), batch(3, &["c", "d"]), Some(0));
+    assert_eq!(redelivered.await.unwrap(), BatchCommit::Acked { acked_sequence: 4, inserted: 0 });
+    let gap = store.commit_gateway_batch(WS, "gw-1", 1, (6, 6), batch(6, &["f"]), None);
     assert_eq!(gap.await.unwrap(), BatchCommit::Gap { acked_sequence: 4 });
     // A new session fences the old one and keeps the ack.
     let session = store.open_gateway_session(WS, "gw-1", "buf-1").await.unwrap();
     assert_eq!(session, GatewaySession { epoch: 2, acked_sequence: 4 });
-    let stale = store.commit_gateway_batch(WS, "gw-1", 1, (5, 5), batch(5, &["e"]));
+    let stale = store.commit_gateway_batch(WS, "gw-1", 1, (5, 5), batch(5, &["e"]), None);
     assert_eq!(stale.await.unwrap(), BatchCommit::Fenced { current_epoch: 2 });
     // A recreated buffer restarts the ack; ids already stored stay stored
     // once.
     let session = store.open_gateway_session(WS, "gw-1", "buf-2").await.unwrap();
     assert_eq!(session, GatewaySession { epoch: 3, acked_sequence: 0 });
-    let replay = store.commit_gateway_batch(WS, "gw-1", 3, (1, 2), batch(1, &["a", "b"]));
+    let replay = store.commit_gateway_batch(WS, "gw-1", 3, (1, 2), batch(1, &["a", "b"]), None);
     assert_eq!(replay.await.unwrap(), BatchCommit::Acked { acked_sequence: 2, inserted: 0 });
     // Another gateway and another workspace are separate.
     let other = store.open_gateway_session(OTHER_WS, "gw-1", "buf-1").await.unwrap();
@@ -982,7 +990,8 @@ pub async fn gateway_batches_in_flight(store: &dyn Store) {
             })
             .collect();
         let range = (first, first + SPAN - 1);
-        let mut commit = store.commit_gateway_batch(WS, "gw-window", session.epoch, range, events);
+        let mut commit =
+            store.commit_gateway_batch(WS, "gw-window", session.epoch, range, events, None);
         // Polled once, as a receiver does before taking the next batch.
         let early = std::future::poll_fn(|cx| Poll::Ready(commit.as_mut().poll(cx))).await;
         commits.push((range, early, commit));

@@ -73,7 +73,10 @@ pub trait GatewayStore: Send + Sync {
     /// Stores the events of a batch covering `first..=last` whose sequences
     /// are above the current ack, and advances the ack to `last`, all in one
     /// transaction, provided `epoch` is current and the range joins the
-    /// stored prefix (`first <= acked + 1`).
+    /// stored prefix (`first <= acked + 1`). More new events than
+    /// `new_event_limit` (what is left of the monthly quota) refuse the
+    /// commit with [`crate::usage::quota_exceeded`]: nothing is stored and
+    /// the ack stays.
     ///
     /// Commits handed over by one task in order (each future polled once
     /// when made, then all awaited in that order) are applied in that
@@ -89,6 +92,7 @@ pub trait GatewayStore: Send + Sync {
         epoch: u64,
         range: (u64, u64),
         events: Vec<(u64, NewEvent)>,
+        new_event_limit: Option<u64>,
     ) -> Result<BatchCommit>;
 }
 

@@ -366,6 +366,7 @@ impl ClickHouseStore {
         acked: u64,
         (first, last): (u64, u64),
         batch: Vec<(u64, NewEvent)>,
+        limit: Option<u64>,
     ) -> Result<usize> {
         let span = last.saturating_sub(first).saturating_add(1);
         let ahead = last.saturating_add(span.saturating_mul(RESERVE_BATCHES));
@@ -396,7 +397,7 @@ impl ClickHouseStore {
         let stored = if fresh.is_empty() {
             Ok(0)
         } else {
-            events::store_rows_uncounted(self, ws, fresh, check_ids, None, &mut landed)
+            events::store_rows_uncounted(self, ws, fresh, check_ids, limit, &mut landed)
                 .await
                 .map(|s| s.1)
         };
@@ -464,6 +465,7 @@ impl GatewayStore for ClickHouseStore {
         epoch: u64,
         (first, last): (u64, u64),
         batch: Vec<(u64, NewEvent)>,
+        new_event_limit: Option<u64>,
     ) -> Result<BatchCommit> {
         let lock = self.lock_for(workspace_id)?;
         let _guard = lock.lock().await;
@@ -474,7 +476,8 @@ impl GatewayStore for ClickHouseStore {
                 Err(answer) => return Ok(answer),
             };
         let ids = (workspace_id, gateway_id);
-        let stored = self.store_batch(ids, &mut known, acked, (first, last), batch).await;
+        let stored =
+            self.store_batch(ids, &mut known, acked, (first, last), batch, new_event_limit).await;
         if stored.is_err() {
             // Some of its events may have landed, none above the
             // reservation: the redelivery checks ids up to it.
@@ -535,7 +538,7 @@ mod tests {
     /// Opens the gateway's session and stores events 1..=3; returns the epoch.
     async fn first_batch(store: &ClickHouseStore) -> u64 {
         let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3));
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(1..=3), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 3 });
         store.flush_gateway_commits().await.unwrap();
         epoch
@@ -546,7 +549,7 @@ mod tests {
     async fn acked_without_a_commit_row(store: &ClickHouseStore) -> u64 {
         let epoch = first_batch(store).await;
         store.client.query("DETACH TABLE gateway_commits").execute().await.unwrap();
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 3 });
         store.flush_gateway_commits().await.unwrap_err();
         store.client.query("ATTACH TABLE gateway_commits").execute().await.unwrap();
@@ -578,16 +581,16 @@ mod tests {
         assert_eq!(lookups_of(&before, 1).await, 0, "a new gateway has nothing stored");
 
         let after = open(&server).await;
-        let commit = after.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6));
+        let commit = after.commit_gateway_batch(WS, GW, epoch, (4, 6), batch(4..=6), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 6, inserted: 0 });
         assert_eq!(stored(&after).await, 6);
         assert_eq!(lookups_of(&after, 4).await, 1);
         // Up to the reservation the first process made (3 + 8 * 3), ids
         // are checked; above it they need not be.
-        let commit = after.commit_gateway_batch(WS, GW, epoch, (7, 30), batch(7..=30));
+        let commit = after.commit_gateway_batch(WS, GW, epoch, (7, 30), batch(7..=30), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 30, inserted: 24 });
         assert_eq!(lookups_of(&after, 7).await, 1);
-        let commit = after.commit_gateway_batch(WS, GW, epoch, (31, 40), batch(31..=40));
+        let commit = after.commit_gateway_batch(WS, GW, epoch, (31, 40), batch(31..=40), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 40, inserted: 10 });
         assert_eq!(lookups_of(&after, 31).await, 0);
         assert_eq!(stored(&after).await, 40);
@@ -608,7 +611,7 @@ mod tests {
         assert_eq!(counted(&store).await, 3, "the row of 4..=6 failed");
         assert_eq!(store.usage(WS, 0, i64::MAX / 2).await.unwrap().events_ingested, 6);
 
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (7, 9), batch(7..=9));
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (7, 9), batch(7..=9), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 9, inserted: 3 });
         store.close().await.unwrap();
         assert_eq!(counted(&store).await, 9);
@@ -632,7 +635,7 @@ mod tests {
         assert_eq!(session.acked_sequence, 3);
         // 4 was trimmed after its ack; 5 and 6 were not yet.
         let resend = batch(5..=10);
-        let commit = after.commit_gateway_batch(WS, GW, session.epoch, (4, 10), resend);
+        let commit = after.commit_gateway_batch(WS, GW, session.epoch, (4, 10), resend, None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 10, inserted: 4 });
         assert_eq!(stored(&after).await, 10);
     }
@@ -660,13 +663,13 @@ mod tests {
         let business = "SELECT count() FROM businesses WHERE id = 'site-7'";
         let epoch = store.open_gateway_session(WS, GW, "buf-1").await.unwrap().epoch;
         store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
-        store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch()).await.unwrap_err();
+        store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(), None).await.unwrap_err();
         store.client.query("ATTACH TABLE entity_observations").execute().await.unwrap();
         assert_eq!(stored(&store).await, 3);
         assert_eq!(store.client.query(ledger).fetch_one::<u64>().await.unwrap(), 3);
         assert_eq!(store.client.query(business).fetch_one::<u64>().await.unwrap(), 0);
 
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch());
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 3), batch(), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 3, inserted: 0 });
         // The failed attempt's events are counted once, by the resend's row.
         assert_eq!(store.usage(WS, 0, i64::MAX / 2).await.unwrap().events_ingested, 3);
@@ -729,11 +732,14 @@ mod tests {
 
         // The entity rows failed after the edges landed.
         store.client.query("DETACH TABLE entity_observations").execute().await.unwrap();
-        store.commit_gateway_batch(WS, GW, epoch, (1, 2), observing(1..=2)).await.unwrap_err();
+        store
+            .commit_gateway_batch(WS, GW, epoch, (1, 2), observing(1..=2), None)
+            .await
+            .unwrap_err();
         store.client.query("ATTACH TABLE entity_observations").execute().await.unwrap();
         assert_eq!(store.client.query(rows).fetch_one::<u64>().await.unwrap(), 2);
         assert!(store.list_entities(WS, None, 100).await.unwrap().is_empty());
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 2), observing(1..=2));
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (1, 2), observing(1..=2), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 2, inserted: 0 });
         // Both edges were written again, under their events' seq.
         assert_eq!(store.client.query(rows).fetch_one::<u64>().await.unwrap(), 4);
@@ -741,9 +747,12 @@ mod tests {
 
         // No observation landed.
         store.client.query("DETACH TABLE relationship_observations").execute().await.unwrap();
-        store.commit_gateway_batch(WS, GW, epoch, (3, 4), observing(3..=4)).await.unwrap_err();
+        store
+            .commit_gateway_batch(WS, GW, epoch, (3, 4), observing(3..=4), None)
+            .await
+            .unwrap_err();
         store.client.query("ATTACH TABLE relationship_observations").execute().await.unwrap();
-        let commit = store.commit_gateway_batch(WS, GW, epoch, (3, 4), observing(3..=4));
+        let commit = store.commit_gateway_batch(WS, GW, epoch, (3, 4), observing(3..=4), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 4, inserted: 0 });
         assert_eq!(graph(&store).await, expected(1..=4));
 
@@ -785,7 +794,7 @@ mod tests {
         events::store_rows_uncounted(&before, WS, rows, false, None, &mut 0).await.unwrap();
 
         let after = open(&server).await;
-        let commit = after.commit_gateway_batch(WS, GW, 1, (4, 8), batch(4..=8));
+        let commit = after.commit_gateway_batch(WS, GW, 1, (4, 8), batch(4..=8), None);
         assert_eq!(commit.await.unwrap(), BatchCommit::Acked { acked_sequence: 8, inserted: 2 });
         assert_eq!(stored(&after).await, 8);
     }

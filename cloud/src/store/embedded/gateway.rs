@@ -94,6 +94,7 @@ impl GatewayStore for EmbeddedStore {
         epoch: u64,
         (first, last): (u64, u64),
         events: Vec<(u64, NewEvent)>,
+        new_event_limit: Option<u64>,
     ) -> Result<BatchCommit> {
         let (ws, gateway) = (workspace_id.to_owned(), gateway_id.to_owned());
         // Rows are prepared outside the writer thread; which of them are
@@ -123,6 +124,10 @@ impl GatewayStore for EmbeddedStore {
             } else {
                 events::append(conn, &ws, fresh, None, Some(&hints))?.inserted
             };
+            // An error rolls the job back: no event stays, the ack stays.
+            if new_event_limit.is_some_and(|left| inserted as u64 > left) {
+                return Err(crate::usage::quota_exceeded());
+            }
             conn.execute(
                 "UPDATE gateway_sessions SET acked_sequence = ?3, updated_at = ?4
                  WHERE workspace_id = ?1 AND gateway_id = ?2",
