@@ -336,8 +336,13 @@ async fn search_and_whats_changed() {
         .post("/api/analytics/event-search", &json!({"query": "page.view", "to": now - 30 * MIN}))
         .await;
     assert_eq!((status, s["total"].as_u64()), (StatusCode::OK, Some(1)), "only `to`: {s}");
+    // Shorter than a trigram: still found.
+    let (_, s) = api.post("/api/analytics/event-search", &json!({"query": "42"})).await;
+    assert_eq!((s["total"].as_u64(), s["totalCapped"].as_bool()), (Some(1), Some(false)), "{s}");
+    assert_eq!(s["results"][0]["event"], "pallet.scanned");
     let q = "/api/analytics/event-search";
-    api.refused(q, json!({"query": "ab"}), "query").await;
+    api.refused(q, json!({"query": "  "}), "query").await;
+    api.refused(q, json!({"query": "x".repeat(201)}), "query").await;
     api.refused(q, json!({}), "").await;
     api.refused(q, json!({"query": "abc", "limit": -3}), "limit").await;
     api.refused(q, json!({"query": "abc", "from": 10, "to": 5}), "from").await;

@@ -87,7 +87,7 @@ pub const TOOLS: &[Tool] = &[
     Tool {
         name: "search_events",
         description: "Case-insensitive search over event names, property values and actor and \
-            object ids (at least 3 characters).",
+            object ids.",
         method: "POST",
         path: "/api/analytics/event-search",
         input: Input::Body,

@@ -449,6 +449,12 @@ pub async fn search(store: &dyn Store) {
     assert_eq!(store.search_events(WS, &query("spring-1")).await.unwrap().total, 2);
     assert_eq!(store.search_events(WS, &query("robot")).await.unwrap().total, 2);
     assert_eq!(store.search_events(WS, &query("legacy.p")).await.unwrap().total, 1);
+    // Shorter than a trigram (no index lookup on the embedded store).
+    let r = store.search_events(WS, &query("/p")).await.unwrap();
+    assert_eq!((names(&r), r.total, r.total_capped), (vec!["page.view".to_owned()], 1, false));
+    let r = store.search_events(WS, &query("-3")).await.unwrap();
+    assert_eq!(names(&r), ["order.created", "cart.add", "page.view"]);
+    assert_eq!((r.total, r.total_capped), (3, false));
     // Filters, and a limit that keeps the total.
     let q = SearchQuery { event: Some("page.view".into()), ..query("user-4") };
     assert_eq!(store.search_events(WS, &q).await.unwrap().total, 2);

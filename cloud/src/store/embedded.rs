@@ -1296,11 +1296,8 @@ mod search_index {
             );
         }
         assert_eq!(store.search_events("ws", &query("abc-bca")).await.unwrap().total, 1);
-        assert_eq!(
-            store.search_events("ws", &query("ab")).await.unwrap().total,
-            0,
-            "shorter than a trigram"
-        );
+        // Shorter than a trigram: read for, not looked up.
+        assert_eq!(store.search_events("ws", &query("aB")).await.unwrap().total, 4);
     }
 
     #[tokio::test]
@@ -1336,9 +1333,9 @@ mod search_index {
         store.wait_for_search_index().await.unwrap();
 
         let plans = [
-            ("sorted", SearchPlan { probe: i64::MAX, walk: u64::MAX }),
-            ("walked", SearchPlan { probe: 1, walk: u64::MAX }),
-            ("walk given up", SearchPlan { probe: 1, walk: 3 }),
+            ("sorted", SearchPlan { probe: i64::MAX, walk: u64::MAX, scan: 0 }),
+            ("walked", SearchPlan { probe: 1, walk: u64::MAX, scan: 0 }),
+            ("walk given up", SearchPlan { probe: 1, walk: 3, scan: 0 }),
         ];
         let range = Range { from: t0 + 5_000, to: t0 + 12_000 };
         let queries = [
@@ -1378,12 +1375,32 @@ mod search_index {
                 assert_eq!((&answers[0].1, answers[0].2), (&newest, 60));
             }
         }
+
+        // A needle shorter than a trigram is checked in the newest events,
+        // and finds what a longer one that means the same finds.
+        let search = |q: SearchQuery, scan| {
+            let plan = SearchPlan { probe: 1, walk: 1, scan };
+            store.read(move |conn| search_planned(conn, "ws", &q, plan))
+        };
+        let ids = |r: &crate::store::queries::SearchResult| -> Vec<String> {
+            r.events.iter().map(|e| e.id.clone()).collect()
+        };
+        let long = search(query("r03-rob"), 0).await.expect("search");
+        let short = search(query("03"), u64::MAX).await.expect("search");
+        assert_eq!((ids(&short), short.total, short.total_capped), (ids(&long), 9, false));
+        // A read that stops at its budget answers the newest matches it
+        // saw and says its count is a lower bound.
+        let stopped = search(query("03"), 20).await.expect("search");
+        assert!(stopped.total_capped, "stopped at its budget");
+        assert!((1..9).contains(&stopped.total), "{}", stopped.total);
+        assert_eq!(ids(&stopped), ids(&long)[..stopped.events.len()]);
     }
 
     #[test]
     fn a_needle_asks_the_index_for_trigrams_covering_it() {
-        let expression = |text: &str| search::Needle::new(text).map(|n| n.expression().to_owned());
-        assert_eq!(expression("ab"), None);
+        let expression =
+            |text: &str| search::Needle::new(text).and_then(|n| n.expression().map(str::to_owned));
+        assert_eq!(expression("ab"), None, "shorter than a trigram: read, not looked up");
         assert_eq!(expression("abc").as_deref(), Some(r#""abc""#));
         // Every third and the last, each once, quotes doubled.
         assert_eq!(expression("pallet-7").as_deref(), Some(r#""let" AND "pal" AND "t-7""#));

@@ -236,8 +236,8 @@ pub struct Attribution {
     pub unattributed: u64,
 }
 
-/// Free-text search: a case-insensitive substring (3 characters at least)
-/// of the event name, actor or object type or id, or a property value.
+/// Free-text search: a case-insensitive substring of the event name, actor
+/// or object type or id, or a property value.
 #[derive(Debug, Clone)]
 pub struct SearchQuery {
     pub text: String,

@@ -285,6 +285,8 @@ pub(super) struct SearchPlan {
     pub probe: i64,
     /// Events a walk reads at most before it gives up for the sort.
     pub walk: u64,
+    /// Events read at most for a needle shorter than a trigram.
+    pub scan: u64,
 }
 
 /// Common from 50 000 candidates. A walk reads at most 2000 events: enough
@@ -295,7 +297,10 @@ pub(super) struct SearchPlan {
 /// robot id or an EPC fragment 20–35 ms, while `robot` went from 1.3–5 s
 /// to 30–50 ms; a probe of 500 000 cost `robot` 30 ms more and saved the
 /// others nothing (BENCHMARKS.md, 26 November, late afternoon).
-const SEARCH_PLAN: SearchPlan = SearchPlan { probe: 50_000, walk: 2_000 };
+///
+/// A needle shorter than a trigram has no index to ask: the newest
+/// 100 000 events of the range are read and checked (about 0.1 s).
+const SEARCH_PLAN: SearchPlan = SearchPlan { probe: 50_000, walk: 2_000, scan: 100_000 };
 
 fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
     search_planned(conn, ws, query, SEARCH_PLAN)
@@ -306,6 +311,9 @@ fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResu
 ///   their events and sorted newest first, only their `seq` carried
 ///   through the sort; each is then read and checked in turn until the
 ///   page is full and the count reaches its cap.
+/// - **Scanned** (a needle shorter than a trigram): the newest events
+///   are read and checked, at most `plan.scan` of them; a count that
+///   stopped there is a lower bound, and says so (`total_capped`).
 /// - **Walked** (a needle with at least `plan.probe` candidates, such as
 ///   `robot` in a fleet's store, where joining and sorting millions took
 ///   seconds): the page comes from the workspace's events newest first
@@ -339,8 +347,15 @@ pub(super) fn search_planned(
         filter.push_str(" AND e.business_id = :biz");
         q.bind(":biz", b.clone());
     }
+    let Some(expression) = needle.expression() else {
+        let read =
+            newest(conn, &needle, &q, &filter, query.limit, SEARCH_COUNT_CAP + 1, plan.scan)?;
+        let mut result = found(read.events, read.total);
+        result.total_capped |= read.stopped;
+        return Ok(result);
+    };
     let mut indexed = q.clone();
-    indexed.bind(":match", needle.expression().to_owned());
+    indexed.bind(":match", expression.to_owned());
     // The index gives candidates of every workspace; the join keeps ours.
     let candidates = |order: &str| {
         format!(
@@ -351,9 +366,7 @@ pub(super) fn search_planned(
     };
     let common = conn
         .prepare_cached("SELECT count(*) FROM (SELECT 1 FROM search.events_fts(?1) LIMIT ?2)")
-        .and_then(|mut s| {
-            s.query_row(params![needle.expression(), plan.probe], |r| r.get::<_, i64>(0))
-        })
+        .and_then(|mut s| s.query_row(params![expression, plan.probe], |r| r.get::<_, i64>(0)))
         .map_err(sql)?
         >= plan.probe;
     let mut read = conn
@@ -432,6 +445,32 @@ fn walk(
     limit: usize,
     budget: u64,
 ) -> Result<Option<Vec<StoredEvent>>> {
+    let read = newest(conn, needle, q, filter, limit, limit as u64, budget)?;
+    Ok((!read.stopped).then_some(read.events))
+}
+
+/// What [`newest`] found.
+struct Newest {
+    /// The first `limit` matches.
+    events: Vec<StoredEvent>,
+    /// Matches counted.
+    total: u64,
+    /// The read stopped at its budget with fewer than `enough` matches.
+    stopped: bool,
+}
+
+/// Reads the workspace's events newest first (`events_ts`) and checks
+/// each for the needle, until `enough` matched, the events end, or
+/// `budget` were read.
+fn newest(
+    conn: &Connection,
+    needle: &Needle,
+    q: &Sql,
+    filter: &str,
+    limit: usize,
+    enough: u64,
+    budget: u64,
+) -> Result<Newest> {
     let mut stmt = conn
         .prepare_cached(&format!(
             "SELECT e.id, e.received_at, {BODY_COLUMNS} FROM events AS e INDEXED BY events_ts
@@ -439,19 +478,23 @@ fn walk(
         ))
         .map_err(sql)?;
     let mut rows = stmt.query(q.params().as_slice()).map_err(sql)?;
-    let mut events = Vec::new();
+    let mut found = Newest { events: Vec::new(), total: 0, stopped: false };
     let mut read = 0u64;
-    while events.len() < limit {
+    while found.total < enough {
         let Some(row) = rows.next().map_err(sql)? else { break };
         read += 1;
         if read > budget {
-            return Ok(None);
+            found.stopped = true;
+            break;
         }
         if let Some((id, received_at, envelope)) = checked(row, needle).map_err(sql)? {
-            events.push(stored_event(id, received_at, &envelope)?);
+            found.total += 1;
+            if found.events.len() < limit {
+                found.events.push(stored_event(id, received_at, &envelope)?);
+            }
         }
     }
-    Ok(Some(events))
+    Ok(found)
 }
 
 fn run_filter() -> String {

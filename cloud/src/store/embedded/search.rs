@@ -416,35 +416,44 @@ pub(super) fn body(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<St
 /// What a search looks for: the index's query, and the check each of its
 /// candidates must pass.
 pub(super) struct Needle {
-    /// Every event that holds trigrams covering the needle, in any order.
-    expression: String,
+    /// Every event that holds trigrams covering the needle, in any order;
+    /// `None` for a needle shorter than a trigram, which the index cannot
+    /// find.
+    expression: Option<String>,
     /// The needle with its case folded as the index folds it.
     folded: String,
 }
 
 impl Needle {
-    /// `None` for text shorter than a trigram, which the index cannot find.
+    /// `None` for empty text.
     pub(super) fn new(text: &str) -> Option<Needle> {
+        if text.is_empty() {
+            return None;
+        }
         let chars: Vec<char> = text.chars().collect();
-        let last = chars.len().checked_sub(3)?;
-        // Every third trigram and the last cover the needle; the others
-        // would narrow the candidates little, and each reads its own list.
-        let mut terms: Vec<String> = (0..=last)
-            .step_by(3)
-            .chain(std::iter::once(last))
-            .map(|at| {
-                let trigram: String = chars[at..at + 3].iter().collect();
-                format!("\"{}\"", trigram.replace('"', "\"\""))
-            })
-            .collect();
-        terms.sort_unstable();
-        terms.dedup();
-        Some(Needle { expression: terms.join(" AND "), folded: fold_case(text) })
+        let expression = chars.len().checked_sub(3).map(|last| {
+            // Every third trigram and the last cover the needle; the others
+            // would narrow the candidates little, and each reads its own
+            // list.
+            let mut terms: Vec<String> = (0..=last)
+                .step_by(3)
+                .chain(std::iter::once(last))
+                .map(|at| {
+                    let trigram: String = chars[at..at + 3].iter().collect();
+                    format!("\"{}\"", trigram.replace('"', "\"\""))
+                })
+                .collect();
+            terms.sort_unstable();
+            terms.dedup();
+            terms.join(" AND ")
+        });
+        Some(Needle { expression, folded: fold_case(text) })
     }
 
-    /// The FTS5 query for the index's candidates.
-    pub(super) fn expression(&self) -> &str {
-        &self.expression
+    /// The FTS5 query for the index's candidates; `None` when the needle
+    /// is shorter than a trigram.
+    pub(super) fn expression(&self) -> Option<&str> {
+        self.expression.as_deref()
     }
 
     /// Whether an event's searchable text ([`body`]) holds the needle: what
@@ -460,9 +469,8 @@ impl Needle {
 #[cfg(test)]
 pub(super) fn entries_covering(conn: &Connection, text: &str) -> rusqlite::Result<i64> {
     let needle = Needle::new(text).ok_or(rusqlite::Error::InvalidQuery)?;
-    conn.query_row("SELECT count(*) FROM search.events_fts(?1)", [needle.expression()], |r| {
-        r.get(0)
-    })
+    let expression = needle.expression().ok_or(rusqlite::Error::InvalidQuery)?;
+    conn.query_row("SELECT count(*) FROM search.events_fts(?1)", [expression], |r| r.get(0))
 }
 
 /// The searchable text of events the writer has just inserted, handed to
@@ -785,7 +793,10 @@ mod tests {
             let needle = Needle::new(text).expect("a needle");
             let mut rows = indexer
                 .index
-                .prepare(&format!("SELECT rowid FROM events_fts('{}')", needle.expression()))
+                .prepare(&format!(
+                    "SELECT rowid FROM events_fts('{}')",
+                    needle.expression().expect("a trigram at least")
+                ))
                 .expect("query");
             rows.query_map([], |r| r.get(0))
                 .expect("rows")
