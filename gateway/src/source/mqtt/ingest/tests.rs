@@ -12,18 +12,55 @@ use super::*;
 use crate::buffer::{Buffer, BufferStats, MemoryBuffer, Record};
 use crate::source::SourceHealth;
 
-/// A memory buffer whose appends wait for a permit: shows when PUBACKs go
-/// out relative to the append.
-struct GatedBuffer {
-    inner: MemoryBuffer,
-    gate: Arc<Gate>,
+/// A memory buffer whose appends can be held: at a gate, which shows when
+/// PUBACKs go out relative to the append; or for good, as when the
+/// process dies in the append, for a batch with reading `before` (not
+/// appended) or `after` (appended first), announced on `stalled`.
+struct TestBuffer {
+    inner: Arc<dyn Buffer>,
+    gate: Option<Arc<Gate>>,
+    crash: Option<Crash>,
+}
+
+struct Crash {
+    before: i64,
+    after: i64,
+    stalled: tokio::sync::mpsc::UnboundedSender<&'static str>,
+}
+
+impl TestBuffer {
+    fn gated(gate: &Arc<Gate>) -> Arc<TestBuffer> {
+        let inner = Arc::new(MemoryBuffer::new());
+        Arc::new(TestBuffer { inner, gate: Some(Arc::clone(gate)), crash: None })
+    }
+}
+
+/// The reading (`seq`) a record holds.
+fn seq_of(record: &[u8]) -> i64 {
+    let event = opgraph_proto::pb::Event::decode(record).unwrap();
+    let event = opgraph_proto::Event::from_pb(event, 0).unwrap();
+    event.properties.unwrap()["seq"].as_i64().unwrap()
 }
 
 #[async_trait]
-impl Buffer for GatedBuffer {
+impl Buffer for TestBuffer {
     async fn append(&self, records: Vec<Bytes>) -> Result<RangeInclusive<u64>> {
-        let _permit = self.gate.acquire().await.map_err(|_| Error::Closed)?;
-        self.inner.append(records).await
+        let _permit = match &self.gate {
+            Some(gate) => Some(gate.acquire().await.map_err(|_| Error::Closed)?),
+            None => None,
+        };
+        let has = |seq| records.iter().any(|r| seq_of(r) == seq);
+        let crash = self.crash.as_ref();
+        if let Some(crash) = crash.filter(|c| has(c.before)) {
+            let _ = crash.stalled.send("before");
+            std::future::pending::<()>().await;
+        }
+        let appended = self.inner.append(records.clone()).await;
+        if let Some(crash) = crash.filter(|c| has(c.after)) {
+            let _ = crash.stalled.send("after");
+            std::future::pending::<()>().await;
+        }
+        appended
     }
     async fn read(&self, from: u64, max: usize, bytes: usize) -> Result<Vec<Record>> {
         self.inner.read(from, max, bytes).await
@@ -163,7 +200,7 @@ async fn publishes_are_stored_then_acknowledged_and_bad_ones_counted() {
 #[tokio::test]
 async fn no_puback_before_the_append_returns() {
     let gate = Arc::new(Gate::new(0));
-    let buffer = Arc::new(GatedBuffer { inner: MemoryBuffer::new(), gate: Arc::clone(&gate) });
+    let buffer = TestBuffer::gated(&gate);
     let running = start(&config(&[]), buffer);
     let (client, mut eventloop) = client_of(running.addr, "r1", None);
     client.publish("readers/r1/tags", QoS::AtLeastOnce, false, "{\"seq\": 1}").await.unwrap();
@@ -194,7 +231,7 @@ async fn received(running: &Running, n: u64) {
 #[tokio::test]
 async fn connections_wait_for_a_batch_slot() {
     let gate = Arc::new(Gate::new(0));
-    let buffer = Arc::new(GatedBuffer { inner: MemoryBuffer::new(), gate: Arc::clone(&gate) });
+    let buffer = TestBuffer::gated(&gate);
     let running = start(&MqttIngestConfig { max_concurrent_batches: 1, ..config(&[]) }, buffer);
     let (first, mut first_loop) = client_of(running.addr, "r1", None);
     let (second, mut second_loop) = client_of(running.addr, "r2", None);
@@ -331,55 +368,6 @@ async fn a_message_sent_again_after_a_lost_puback_is_stored_once() {
     tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
 }
 
-/// A memory buffer whose append of reading `before` or `after` never
-/// returns, as when the process dies in the append: `after` is appended
-/// first, `before` is not. Each stalled append is announced on `stalled`.
-struct CrashingBuffer {
-    inner: Arc<dyn Buffer>,
-    before: i64,
-    after: i64,
-    stalled: tokio::sync::mpsc::UnboundedSender<&'static str>,
-}
-
-/// The reading (`seq`) a record holds.
-fn seq_of(record: &[u8]) -> i64 {
-    let event = opgraph_proto::pb::Event::decode(record).unwrap();
-    let event = opgraph_proto::Event::from_pb(event, 0).unwrap();
-    event.properties.unwrap()["seq"].as_i64().unwrap()
-}
-
-#[async_trait]
-impl Buffer for CrashingBuffer {
-    async fn append(&self, records: Vec<Bytes>) -> Result<RangeInclusive<u64>> {
-        let has = |seq| records.iter().any(|r| seq_of(r) == seq);
-        if has(self.before) {
-            let _ = self.stalled.send("before");
-            std::future::pending::<()>().await;
-        }
-        let appended = self.inner.append(records.clone()).await;
-        if has(self.after) {
-            let _ = self.stalled.send("after");
-            std::future::pending::<()>().await;
-        }
-        appended
-    }
-    async fn read(&self, from: u64, max: usize, bytes: usize) -> Result<Vec<Record>> {
-        self.inner.read(from, max, bytes).await
-    }
-    async fn ack(&self, up_to: u64) -> Result<()> {
-        self.inner.ack(up_to).await
-    }
-    fn subscribe(&self) -> watch::Receiver<u64> {
-        self.inner.subscribe()
-    }
-    fn stats(&self) -> BufferStats {
-        self.inner.stats()
-    }
-    async fn close(&self) -> Result<()> {
-        self.inner.close().await
-    }
-}
-
 /// How often each reading (`seq`) is in the buffer.
 async fn stored_counts(buffer: &Arc<dyn Buffer>) -> BTreeMap<i64, usize> {
     let mut counts = BTreeMap::new();
@@ -394,12 +382,9 @@ async fn messages_sent_again_after_a_crash_are_stored_once_and_none_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
     let (stalled_tx, mut stalled) = tokio::sync::mpsc::unbounded_channel();
-    let crashing: Arc<dyn Buffer> = Arc::new(CrashingBuffer {
-        inner: Arc::clone(&buffer),
-        before: 10,
-        after: 3,
-        stalled: stalled_tx,
-    });
+    let crash = Crash { before: 10, after: 3, stalled: stalled_tx };
+    let crashing: Arc<dyn Buffer> =
+        Arc::new(TestBuffer { inner: Arc::clone(&buffer), gate: None, crash: Some(crash) });
     // The first run is on a runtime of its own: dropping it drops the
     // endpoint and its connections at once, as a crash does.
     let doomed =
