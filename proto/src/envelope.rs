@@ -41,6 +41,21 @@ pub fn parse_body(body: Value, now_ms: i64) -> Result<Vec<Event>> {
     }
 }
 
+/// Longest `Idempotency-Key` accepted.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// An `Idempotency-Key` header's value, trimmed: 1 to
+/// [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII characters (what an HTTP
+/// header may hold as text); otherwise the message to answer with.
+pub fn idempotency_key(value: &[u8]) -> std::result::Result<&str, String> {
+    std::str::from_utf8(value)
+        .ok()
+        .filter(|v| v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)))
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN)
+        .ok_or_else(|| format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"))
+}
+
 /// Why raw body bytes were refused.
 #[derive(Debug)]
 pub enum BodyError {

@@ -30,6 +30,35 @@ pub fn new_id_at(prefix: &str, ms: i64) -> String {
         *last = if fresh > *last { fresh } else { last.saturating_add(1) };
         *last
     };
+    encode(prefix, value)
+}
+
+/// Ids of the same shape as [`new_id_at`]'s for the `n` items of a
+/// request, made from `request` (its key and body, say) and each item's
+/// position instead of the time and chance: the same request always gets
+/// the same ids, so one sent again is given the ids of its first try (and
+/// the store keeps one copy). 128 bits of the SHA-256 of the request's
+/// parts, each preceded by its length so that no two lists of parts run
+/// together, and the position. Such ids do not sort by time.
+pub fn derived_ids(prefix: &str, request: &[&[u8]], n: usize) -> Vec<String> {
+    use sha2::{Digest, Sha256};
+    let mut base = Sha256::new();
+    for part in request {
+        base.update((part.len() as u64).to_le_bytes());
+        base.update(part);
+    }
+    (0..n as u64)
+        .map(|i| {
+            let digest = base.clone().chain_update(i.to_le_bytes()).finalize();
+            let mut top = [0u8; 16];
+            top.copy_from_slice(&digest[..16]);
+            encode(prefix, u128::from_be_bytes(top))
+        })
+        .collect()
+}
+
+/// `<prefix>_` and `value` in 26 Crockford base32 characters.
+fn encode(prefix: &str, value: u128) -> String {
     let mut out = String::with_capacity(prefix.len() + 27);
     out.push_str(prefix);
     out.push('_');
@@ -71,6 +100,18 @@ mod tests {
         // A clock that steps back does not make an older-sorting id.
         let later = new_id_at("trk", 6_000);
         assert!(later > ids[999], "{later}");
+    }
+
+    #[test]
+    fn derived_ids_depend_on_every_part_its_bounds_and_the_position() {
+        let ids = derived_ids("evt", &[b"key-1", b"body"], 2);
+        assert!(ids.iter().all(|id| id.starts_with("evt_") && id.len() == 30), "{ids:?}");
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!(ids, derived_ids("evt", &[b"key-1", b"body"], 2));
+        assert_eq!(ids[..1], derived_ids("evt", &[b"key-1", b"body"], 1));
+        assert_ne!(ids[0], derived_ids("evt", &[b"key-2", b"body"], 1)[0]);
+        // Parts do not run together.
+        assert_ne!(derived_ids("evt", &[b"ab", b"c"], 1), derived_ids("evt", &[b"a", b"bc"], 1));
     }
 
     #[test]

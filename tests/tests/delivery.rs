@@ -162,6 +162,56 @@ async fn events_past_the_quota_wait_at_the_gateway_until_it_allows_them() {
     assert_eq!(cloud.ids("crate.weighed").await, first, "nothing twice");
 }
 
+/// A producer that sends a request again with its `Idempotency-Key` (its
+/// 202 lost, say), also after the gateway was killed and restarted, gets
+/// the ids of its first try, and the cloud stores the events once.
+#[tokio::test]
+async fn a_keyed_request_sent_again_is_stored_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let receiver = cloud.receiver(Transport::Grpc);
+    let config = gateway_config(&gw_dir, Transport::Grpc, &receiver, &cloud.cert(), "");
+    let client = reqwest::Client::new();
+    let send = async |gateway: &Gateway, key: &str, picks: &[u64]| -> (StatusCode, Value) {
+        let batch: Vec<Value> =
+            picks.iter().map(|n| json!({"event": "tote.picked", "properties": {"n": n}})).collect();
+        let response = client
+            .post(format!("{}/ingest", gateway.url))
+            .header("Idempotency-Key", key)
+            .json(&json!({ "batch": batch }))
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.json().await.unwrap())
+    };
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let (status, first) = send(&gateway, "pick-7", &[1, 2]).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
+    assert_eq!(send(&gateway, "pick-7", &[1, 2]).await, (status, first.clone()));
+    gateway.process.kill9().await.unwrap();
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    assert_eq!(send(&gateway, "pick-7", &[1, 2]).await, (status, first.clone()));
+    // Another body under the key is another request.
+    let (_, other) = send(&gateway, "pick-7", &[3]).await;
+    let mut expected: Vec<String> = [&first, &other]
+        .iter()
+        .flat_map(|a| a["ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()))
+        .collect();
+    expected.sort();
+    assert_eq!(expected.len(), 3);
+    wait_delivered(&cloud, "tote.picked", &expected).await;
+    // Every copy shipped, and still one stored each.
+    wait_drained(&gateway).await;
+    assert_eq!(cloud.ids("tote.picked").await, expected);
+    // A key that is no key is refused, naming the header.
+    let (status, error) = send(&gateway, " ", &[4]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+    assert_eq!(error["error"]["field"], "Idempotency-Key", "{error}");
+    assert!(gateway.process.terminate().await.unwrap().success());
+}
+
 /// Kills the gateway with SIGKILL while a slow link (the flaky-link proxy
 /// adds latency) is half way through the backlog, restarts it on the same
 /// buffer, and checks the cloud ends up with every event exactly once.

@@ -16,7 +16,6 @@ use crate::usage::QuotaHold;
 
 /// Most envelopes in one batch.
 pub const MAX_BATCH: usize = opgraph_proto::envelope::MAX_BATCH;
-const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct IngestResponse {
@@ -108,17 +107,8 @@ pub async fn record(
 /// The `Idempotency-Key` header, if any, checked.
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>> {
     let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
-    let key = value
-        .to_str()
-        .ok()
-        .map(str::trim)
-        .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN)
-        .ok_or_else(|| {
-            Error::validation(
-                "Idempotency-Key",
-                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"),
-            )
-        })?;
+    let key = opgraph_proto::envelope::idempotency_key(value.as_bytes())
+        .map_err(|message| Error::validation("Idempotency-Key", message))?;
     Ok(Some(key.to_owned()))
 }
 

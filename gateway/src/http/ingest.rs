@@ -7,6 +7,12 @@
 //! answer `{"accepted": n, "ids": [...]}` is sent only once that append is
 //! durable (per the buffer's fsync policy): a producer that got its 202 can
 //! forget the events.
+//!
+//! A request with an `Idempotency-Key` gets ids derived from the key, the
+//! body and each event's position, not new ones: a producer that sends it
+//! again (its 202 lost with a timeout, say) gets the same ids, and the
+//! cloud, which stores an id once, keeps one copy. This holds across
+//! gateway restarts and crashes, with no memory of keys to keep.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -14,19 +20,30 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use opgraph_proto::Event;
-use opgraph_proto::envelope::{BodyError, parse_body_bytes};
+use opgraph_proto::envelope::{BodyError, idempotency_key, parse_body_bytes};
+use opgraph_proto::ids::{derived_ids, new_id_at};
 use prost::Message;
 use serde_json::json;
 
 use super::{ApiError, HttpState};
 use crate::error::Error;
 
-/// Ids and buffer records for `events` received at `now_ms`.
-pub fn encode_events(events: &[Event], now_ms: i64) -> (Vec<String>, Vec<Bytes>) {
+/// Ids and buffer records for `events` received at `now_ms`; the ids
+/// derived from `keyed` (the request's `Idempotency-Key` and body) when
+/// given, new otherwise.
+pub fn encode_events(
+    events: &[Event],
+    now_ms: i64,
+    keyed: Option<(&str, &[u8])>,
+) -> (Vec<String>, Vec<Bytes>) {
+    let ids = match keyed {
+        Some((key, body)) => derived_ids("evt", &[key.as_bytes(), body], events.len()),
+        None => events.iter().map(|_| new_id_at("evt", now_ms)).collect(),
+    };
     events
         .iter()
-        .map(|event| {
-            let id = opgraph_proto::ids::new_id_at("evt", now_ms);
+        .zip(ids)
+        .map(|(event, id)| {
             let mut message = event.to_pb(id.clone(), 0);
             message.received_at_ms = Some(now_ms);
             (id, Bytes::from(message.encode_to_vec()))
@@ -92,6 +109,13 @@ async fn accept(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
+    let key = match headers.get("idempotency-key") {
+        Some(value) => Some(idempotency_key(value.as_bytes()).map_err(|message| ApiError {
+            field: Some("Idempotency-Key".to_owned()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, "validation_failed", message)
+        })?),
+        None => None,
+    };
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
     // Parsed events take several times the body's size: only the permit
     // holders build them (a slow producer still sending its body holds no
@@ -110,7 +134,7 @@ async fn accept(
                 ..ApiError::new(StatusCode::BAD_REQUEST, "validation_failed", e.message)
             },
         })?;
-        encode_events(&events, now)
+        encode_events(&events, now, key.map(|key| (key, &bytes[..])))
     };
     drop(bytes);
     state.buffer.append(records).await.map_err(append_error)?;
@@ -212,7 +236,7 @@ mod tests {
     #[test]
     fn events_are_encoded_with_ids_and_receive_time() {
         let events = vec![Event::named("a"), Event::named("b")];
-        let (ids, records) = encode_events(&events, 1_795_000_000_000);
+        let (ids, records) = encode_events(&events, 1_795_000_000_000, None);
         assert_eq!(ids.len(), 2);
         assert!(ids.iter().all(|id| id.starts_with("evt_") && id.len() == 30), "{ids:?}");
         assert_ne!(ids[0], ids[1]);
@@ -222,5 +246,20 @@ mod tests {
         assert_eq!(decoded.received_at_ms, Some(1_795_000_000_000));
         assert_eq!(decoded.sequence, 0, "the shipper sets the sequence");
         assert_eq!(Event::from_pb(decoded, 1_795_000_000_000).unwrap(), events[1]);
+    }
+
+    #[test]
+    fn a_keyed_request_gets_the_same_ids_every_time() {
+        let events = vec![Event::named("a"), Event::named("b")];
+        let keyed =
+            |key: &str, body: &str, at| encode_events(&events, at, Some((key, body.as_bytes()))).0;
+        let first = keyed("k-1", "{body}", 1_795_000_000_000);
+        assert!(first.iter().all(|id| id.starts_with("evt_") && id.len() == 30), "{first:?}");
+        assert_ne!(first[0], first[1]);
+        // Sent again later: the same ids.
+        assert_eq!(keyed("k-1", "{body}", 1_795_000_009_000), first);
+        // Another key, or another body under the key, is another request.
+        assert_ne!(keyed("k-2", "{body}", 1_795_000_000_000)[0], first[0]);
+        assert_ne!(keyed("k-1", "{other}", 1_795_000_000_000)[0], first[0]);
     }
 }
