@@ -15,7 +15,7 @@
 //! A PUBACK lost with a connection or a crash makes a persistent device
 //! send the message again, flagged DUP, with the same packet id. The latest
 //! messages acknowledged per client id are remembered, in a journal beside
-//! the buffer too ([`acked`]), and such a copy is acknowledged without
+//! the buffer too (module `acked`), and such a copy is acknowledged without
 //! being stored twice.
 
 mod acked;
