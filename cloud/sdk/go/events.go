@@ -280,12 +280,14 @@ type SearchResult struct {
 	Results []StoredEvent `json:"results"`
 	// Total counts the matches, up to 10 000.
 	Total int `json:"total"`
-	// TotalCapped is true when Total stopped at 10 000.
+	// TotalCapped is true when Total stopped at 10 000, or when a query
+	// shorter than 3 characters was checked only against the newest
+	// 100 000 events of the range (the embedded store).
 	TotalCapped bool `json:"totalCapped"`
 }
 
 // Search finds events whose name, actor or object id or type, or a
-// property value contains query (3 to 200 characters, case-insensitive)
+// property value contains query (1 to 200 characters, case-insensitive)
 // (POST /api/analytics/event-search).
 func (c *Client) Search(ctx context.Context, query string, filter SearchFilter) (*SearchResult, error) {
 	body := struct {

@@ -26,7 +26,7 @@ func TestSearchFindsAPropertyValue(t *testing.T) {
 	if found.Results[0].Properties["colour"] != colour {
 		t.Fatalf("result %+v", found.Results[0])
 	}
-	_, err = c.Search(ctx, "ab", opgraph.SearchFilter{})
+	_, err = c.Search(ctx, "  ", opgraph.SearchFilter{})
 	if e := apiError(t, err, http.StatusBadRequest, "validation_failed"); e.Field != "query" {
 		t.Fatalf("want field query, got %+v", e)
 	}

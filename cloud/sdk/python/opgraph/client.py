@@ -144,7 +144,7 @@ class Client:
         limit: Optional[int] = None,
         business_id: Optional[str] = None,
     ) -> JSONObject:
-        """Case-insensitive search (3 to 200 characters) over event names,
+        """Case-insensitive search (1 to 200 characters) over event names,
         property values and actor and object ids and types:
         ``POST /api/analytics/event-search``. ``business_id`` keeps one
         business's events. Answers ``{"results", "total",

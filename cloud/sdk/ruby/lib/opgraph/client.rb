@@ -139,7 +139,7 @@ module Opgraph
     # Case-insensitive search over event names, property values and actor
     # and object ids and types.
     #
-    # @param query [String] 3 to 200 characters
+    # @param query [String] 1 to 200 characters
     # @return [Hash] {"results" => [envelope + "id"], "total" => n, ...}
     def search(query, event: nil, business_id: nil, from: nil, to: nil, limit: nil)
       body = camelize(query: query, event: event, business_id: business_id, from: from, to: to, limit: limit)
