@@ -1388,6 +1388,17 @@ mod search_index {
         let long = search(query("r03-rob"), 0).await.expect("search");
         let short = search(query("03"), u64::MAX).await.expect("search");
         assert_eq!((ids(&short), short.total, short.total_capped), (ids(&long), 9, false));
+        // Also through the indexes of an event name and of a business.
+        let by_event = |text| SearchQuery { event: Some("tag.read".into()), ..query(text) };
+        let by_business = |text| SearchQuery { business_id: Some("north".into()), ..query(text) };
+        for (long, short) in
+            [(by_event("r03-rob"), by_event("03")), (by_business("r03-rob"), by_business("03"))]
+        {
+            let long = search(long, 0).await.expect("search");
+            let short = search(short, u64::MAX).await.expect("search");
+            assert!(long.total > 0);
+            assert_eq!((ids(&short), short.total), (ids(&long), long.total));
+        }
         // A read that stops at its budget answers the newest matches it
         // saw and says its count is a lower bound.
         let stopped = search(query("03"), 20).await.expect("search");
