@@ -300,8 +300,8 @@ pub(super) struct SearchPlan {
 ///
 /// A needle shorter than a trigram has no index to ask: the newest
 /// 100 000 events of the range are read and checked: 0.15 s for a needle
-/// found nowhere, much less for a common one (BENCHMARKS.md, 27 November,
-/// night).
+/// found nowhere (up to 0.3 s with an event name or business), much less
+/// for a common one (BENCHMARKS.md, 27 November, night).
 const SEARCH_PLAN: SearchPlan = SearchPlan { probe: 50_000, walk: 2_000, scan: 100_000 };
 
 fn search(conn: &Connection, ws: &str, query: &SearchQuery) -> Result<SearchResult> {
