@@ -88,9 +88,9 @@ impl Default for ReceiverConfig {
     }
 }
 
-/// A batch's valid events with their sequences, and a description of each
-/// skipped (invalid) one.
-type CheckedBatch = (Vec<(u64, NewEvent)>, Vec<String>);
+/// A batch's valid events with their sequences, and the sequence and a
+/// description of each skipped (invalid) one.
+type CheckedBatch = (Vec<(u64, NewEvent)>, Vec<(u64, String)>);
 
 /// A batch after [`Receiver::prepare`].
 pub enum Prepared {
@@ -106,7 +106,7 @@ pub struct ReadyBatch {
     ack: pb::Ack,
     range: (u64, u64),
     events: Vec<(u64, NewEvent)>,
-    skipped: Vec<String>,
+    skipped: Vec<(u64, String)>,
 }
 
 /// How far one task has handed a session's batches to the store: the
@@ -284,6 +284,9 @@ impl Receiver {
             events.truncate(usize::try_from(fits).unwrap_or(usize::MAX));
             range.1 = events.last().map_or(range.1, |(seq, _)| *seq);
         }
+        // Those past the prefix come again with the rest, and count then.
+        let skipped: Vec<String> =
+            skipped.into_iter().filter(|(seq, _)| *seq <= range.1).map(|(_, s)| s).collect();
         let limit = quota.as_ref().map(QuotaHold::limit);
         let outcome =
             self.store.commit_gateway_batch(workspace, &gateway, epoch, range, events, limit).await;
@@ -379,7 +382,7 @@ impl Receiver {
                 .and_then(|e| crate::api::ingest::finish_envelope(e, received_at));
             match event {
                 Ok(event) => valid.push((seq, NewEvent { id, received_at, event })),
-                Err(e) => skipped.push(format!("seq {seq} ({id}): {e}")),
+                Err(e) => skipped.push((seq, format!("seq {seq} ({id}): {e}"))),
             }
         }
         Ok((valid, skipped))

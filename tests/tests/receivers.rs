@@ -138,6 +138,7 @@ async fn highest_of_all_ok(mut tasks: tokio::task::JoinSet<pb::Ack>) -> u64 {
 
 const OK: i32 = pb::AckStatus::Ok as i32;
 const REJECTED: i32 = pb::AckStatus::Rejected as i32;
+const RETRY_LATER: i32 = pb::AckStatus::RetryLater as i32;
 
 #[tokio::test]
 async fn grpc_commits_exactly_once_under_redelivery_overlap_and_gaps() {
@@ -328,6 +329,44 @@ async fn grpc_refuses_bad_credentials_and_bad_batches() {
         .unwrap();
     assert!(metrics.contains("reason=\"batch_rejected\"} 6"), "{metrics}");
     assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
+}
+
+/// A batch that would pass the monthly quota is stored as far as it fits;
+/// its invalid events are counted once, those past the stored prefix when
+/// they come again.
+#[tokio::test]
+async fn grpc_stores_the_part_of_a_batch_that_fits_the_quota() {
+    let cloud = Cloud::start(&[("OPGRAPH_EVENTS_QUOTA", "2".to_owned())]).await.unwrap();
+    let mut client = grpc(&cloud).await;
+    let e = hello(&mut client, &cloud.key, "gw-q").await.epoch;
+    // Valid: 1, 3 and 4; 2 and 5 are invalid.
+    let mut over = batch("gw-q", e, (1, 5), &[1, 2, 3, 4, 5]);
+    over.events[1].event.clear();
+    over.events[4].event.clear();
+    let acks = send_all(&mut client, &cloud.key, vec![over]).await;
+    assert_eq!((acks[0].status, acks[0].acked_sequence), (RETRY_LATER, 3), "{:?}", acks[0]);
+    assert!(acks[0].error.contains("quota"), "{}", acks[0].error);
+    assert_eq!(stored_ids(&cloud).await, ids([1, 3]));
+    // The rest, sent again, waits: nothing is left.
+    let mut client = grpc(&cloud).await;
+    let e = hello(&mut client, &cloud.key, "gw-q").await.epoch;
+    let mut rest = batch("gw-q", e, (4, 5), &[4, 5]);
+    rest.events[1].event.clear();
+    let acks = send_all(&mut client, &cloud.key, vec![rest]).await;
+    assert_eq!((acks[0].status, acks[0].acked_sequence), (RETRY_LATER, 0), "{:?}", acks[0]);
+    assert_eq!(stored_ids(&cloud).await, ids([1, 3]));
+    let metrics = cloud
+        .http()
+        .get(cloud.at("/metrics"))
+        .bearer_auth(&cloud.key)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
+    assert!(metrics.contains("reason=\"quota_exceeded\"} 2"), "{metrics}");
 }
 
 async fn quic_connect(cloud: &Cloud) -> (quinn::Endpoint, quinn::Connection) {
