@@ -12,6 +12,19 @@ use tokio::process::{Child, Command};
 
 /// How long Mosquitto may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Starts on a fresh port after Mosquitto exited at start.
+const START_ATTEMPTS: u32 = 3;
+/// Mosquitto exited at start: its port was taken, say.
+#[derive(Debug)]
+struct Exited;
+
+impl std::fmt::Display for Exited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("mosquitto exited at start (see its stderr above)")
+    }
+}
+
+impl std::error::Error for Exited {}
 
 pub struct Mosquitto {
     child: Child,
@@ -49,9 +62,41 @@ impl Mosquitto {
         extra: &str,
         extra_ports: &[u16],
     ) -> Result<Mosquitto> {
+        Mosquitto::start_on(dir, logins, extra, extra_ports, free_port).await
+    }
+
+    /// [`Mosquitto::start`] on the ports `pick` gives. A port is free when
+    /// picked, not necessarily when Mosquitto binds it (another test may
+    /// take it in between): one that exits at once is started again on the
+    /// next port.
+    async fn start_on(
+        dir: &Path,
+        logins: &[(&str, &str)],
+        extra: &str,
+        extra_ports: &[u16],
+        mut pick: impl FnMut() -> Result<u16>,
+    ) -> Result<Mosquitto> {
+        let mut attempt = 1;
+        loop {
+            match Mosquitto::start_once(dir, logins, extra, extra_ports, pick()?).await {
+                Err(e) if attempt < START_ATTEMPTS && e.is::<Exited>() => {
+                    eprintln!("mosquitto exited at start (attempt {attempt}): trying another port");
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once(
+        dir: &Path,
+        logins: &[(&str, &str)],
+        extra: &str,
+        extra_ports: &[u16],
+        port: u16,
+    ) -> Result<Mosquitto> {
         let dir = dir.join("mosquitto");
         std::fs::create_dir_all(&dir)?;
-        let port = free_port()?;
         let mut conf = format!(
             "listener {port} 127.0.0.1\npersistence false\nmax_queued_messages 1000000\n\
              user root\nlog_dest stderr\nlog_type error\nlog_type warning\n"
@@ -85,17 +130,23 @@ impl Mosquitto {
             .context("spawn mosquitto")?;
         let mut mosquitto = Mosquitto { child, port };
         for port in [port].iter().chain(extra_ports) {
+            let child = &mut mosquitto.child;
             let accepting = async {
                 while TcpStream::connect(("127.0.0.1", *port)).await.is_err() {
+                    if child.try_wait()?.is_some() {
+                        return Err(anyhow::Error::new(Exited));
+                    }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
+                Ok::<_, anyhow::Error>(())
             };
             tokio::time::timeout(START_TIMEOUT, accepting)
                 .await
-                .with_context(|| format!("mosquitto not accepting on port {port}"))?;
+                .with_context(|| format!("mosquitto not accepting on port {port}"))??;
         }
+        // Something else may answer on a port Mosquitto could not bind.
         if mosquitto.child.try_wait()?.is_some() {
-            bail!("mosquitto exited (see its stderr above)");
+            return Err(Exited.into());
         }
         Ok(mosquitto)
     }
@@ -112,5 +163,27 @@ impl Mosquitto {
 impl Drop for Mosquitto {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_port_taken_before_mosquitto_binds_it_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        // Bound, not listening: Mosquitto cannot bind it, and nothing
+        // answers on it.
+        let taken = tokio::net::TcpSocket::new_v4().unwrap();
+        taken.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let taken_port = taken.local_addr().unwrap().port();
+        let once = Mosquitto::start_once(dir.path(), &[], "", &[], taken_port).await;
+        assert!(once.as_ref().is_err_and(|e| e.is::<Exited>()), "{:?}", once.err());
+        let mut ports = [Ok(taken_port), free_port()].into_iter();
+        let pick = || ports.next().unwrap();
+        let mosquitto = Mosquitto::start_on(dir.path(), &[], "", &[], pick).await.unwrap();
+        assert_ne!(mosquitto.port, taken_port);
+        TcpStream::connect(("127.0.0.1", mosquitto.port)).await.unwrap();
     }
 }
