@@ -273,7 +273,8 @@ impl Receiver {
             self.usage.hold_quota(self.store.as_ref(), workspace, want).await.ok().flatten();
         // Past the quota, what fits of the batch is stored (a prefix: the
         // ack is cumulative) and the rest waits at the gateway.
-        let fits = quota.as_ref().map_or(want, QuotaHold::limit);
+        let limit = quota.as_ref().map(QuotaHold::limit);
+        let fits = limit.unwrap_or(want);
         let held_back = fits < want;
         if held_back {
             if fits == 0 {
@@ -287,7 +288,6 @@ impl Receiver {
         // Those past the prefix come again with the rest, and count then.
         let skipped: Vec<String> =
             skipped.into_iter().filter(|(seq, _)| *seq <= range.1).map(|(_, s)| s).collect();
-        let limit = quota.as_ref().map(QuotaHold::limit);
         let outcome =
             self.store.commit_gateway_batch(workspace, &gateway, epoch, range, events, limit).await;
         match outcome {

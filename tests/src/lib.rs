@@ -233,6 +233,13 @@ impl Cloud {
         format!("{}{path}", self.url)
     }
 
+    /// The node's `/metrics` text, read with the operator's key.
+    pub async fn metrics(&self) -> Result<String> {
+        let response = self.http().get(self.at("/metrics")).bearer_auth(&self.key).send().await?;
+        anyhow::ensure!(response.status().is_success(), "/metrics: {}", response.status());
+        Ok(response.text().await?)
+    }
+
     /// One request to the API as `key`, with `body` as JSON: the status and
     /// the answer (`Null` when it is not JSON).
     pub async fn call(

@@ -317,16 +317,7 @@ async fn grpc_refuses_bad_credentials_and_bad_batches() {
     assert_eq!((acks[0].status, acks[0].acked_sequence), (OK, 1));
     assert_eq!(stored_ids(&cloud).await, ids([1, 3, 100]));
 
-    let metrics = cloud
-        .http()
-        .get(cloud.at("/metrics"))
-        .bearer_auth(&cloud.key)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = cloud.metrics().await.unwrap();
     assert!(metrics.contains("reason=\"batch_rejected\"} 6"), "{metrics}");
     assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
 }
@@ -355,16 +346,7 @@ async fn grpc_stores_the_part_of_a_batch_that_fits_the_quota() {
     let acks = send_all(&mut client, &cloud.key, vec![rest]).await;
     assert_eq!((acks[0].status, acks[0].acked_sequence), (RETRY_LATER, 0), "{:?}", acks[0]);
     assert_eq!(stored_ids(&cloud).await, ids([1, 3]));
-    let metrics = cloud
-        .http()
-        .get(cloud.at("/metrics"))
-        .bearer_auth(&cloud.key)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = cloud.metrics().await.unwrap();
     assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
     assert!(metrics.contains("reason=\"quota_exceeded\"} 2"), "{metrics}");
 }
