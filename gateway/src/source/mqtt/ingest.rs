@@ -13,7 +13,8 @@
 //! on ring.
 //!
 //! A PUBACK lost with a connection or a crash makes a persistent device
-//! send the message again, flagged DUP, with the same packet id. The latest
+//! send the message again, with the same packet id, right after it
+//! reconnects: flagged DUP, or not (rumqttc never sets it). The latest
 //! messages acknowledged per client id are remembered, in a journal beside
 //! the buffer too (module `acked`), and such a copy is acknowledged without
 //! being stored twice.
@@ -51,6 +52,11 @@ use acked::{Acked, Batch};
 
 /// How long a device may leave our acknowledgements unread.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the first publishes of a persistent client's connection, which
+/// so far repeat what it was last acknowledged, wait for the rest of that
+/// run to tell whether they are copies sent again (see
+/// [`Acked::leading_copies`]); from the latest that arrived.
+const RESEND_WAIT: Duration = Duration::from_secs(1);
 /// Bytes read from a connection at a time.
 const READ_CHUNK: usize = 64 * 1024;
 /// Bytes already arrived that one batch takes at most (plus a chunk).
@@ -103,6 +109,13 @@ pub struct MqttIngestConfig {
     /// Default `30s`.
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
+    /// Whether a persistent client's messages sent again without DUP after
+    /// a reconnect (rumqttc never sets it) are recognised as copies: those
+    /// that lead the new connection and repeat, in order, the last ones
+    /// acknowledged to it. Default `true`. Turn it off for devices that may
+    /// restart and send the very messages, packet ids and bytes, they last
+    /// sent: then only DUP copies are recognised.
+    pub resends_without_dup: bool,
     /// Mapping rules, first match wins.
     pub rules: Vec<RuleConfig>,
 }
@@ -121,6 +134,7 @@ impl Default for MqttIngestConfig {
             batch_max: 1000,
             max_concurrent_batches: 64,
             max_clock_skew: Duration::from_secs(30),
+            resends_without_dup: true,
             rules: Vec::new(),
         }
     }
@@ -177,12 +191,13 @@ struct Shared {
     max_packet: usize,
     connect_timeout: Duration,
     batch_max: usize,
+    resends_without_dup: bool,
     /// One permit per connection working on a batch
     /// (`max_concurrent_batches`).
     batches: Semaphore,
     /// Per persistent client, its latest QoS 1 messages acknowledged: the
-    /// ones it sends again (DUP) when our PUBACK was lost with the
-    /// connection or a crash.
+    /// ones it sends again when our PUBACK was lost with the connection or
+    /// a crash.
     acked: Acked,
 }
 
@@ -226,6 +241,7 @@ impl MqttIngestSource {
                 max_packet: max_packet.saturating_add(1024),
                 connect_timeout: config.connect_timeout,
                 batch_max: config.batch_max,
+                resends_without_dup: config.resends_without_dup,
                 batches: Semaphore::new(config.max_concurrent_batches),
                 acked: match state_dir {
                     Some(dir) => {
@@ -430,10 +446,15 @@ async fn serve(
     if !accepted {
         return Err(format!("login refused for client {:?}", connect.client_id));
     }
-    // A persistent client sends again, with DUP, what it got no PUBACK for
-    // (ConnAck says we keep its session).
+    // A persistent client sends again what it got no PUBACK for (ConnAck
+    // says we keep its session).
     let persistent =
         (!connect.clean_session && !connect.client_id.is_empty()).then_some(&connect.client_id);
+    // Its first publishes may be copies without DUP: held, unacknowledged,
+    // until `Acked::leading_copies` can tell.
+    let mut leading = persistent.filter(|_| shared.resends_without_dup);
+    let mut held: Vec<Publish> = Vec::new();
+    let mut held_until: Option<tokio::time::Instant> = None;
     // The device must speak within 1.5 keep-alive intervals.
     let idle = (connect.keep_alive > 0)
         .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
@@ -463,11 +484,19 @@ async fn serve(
                 None => stream.read_buf(&mut buf).await,
             }
         };
+        let waited = async {
+            match held_until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
         let n = tokio::select! {
             n = read => n.map_err(|e| e.to_string())?,
+            // Decide on what is held.
+            () = waited => usize::MAX,
             () = shutdown.cancelled() => return Ok(()),
         };
-        if n == 0 {
+        if n == 0 && held.is_empty() {
             return Ok(());
         }
         // Held until the batch is durable: reading ahead, the packets and
@@ -478,8 +507,8 @@ async fn serve(
         };
         // Take whatever else has arrived already, so that one append (and
         // one fsync) covers everything the device has in flight.
-        let mut eof = false;
-        while buf.len() < READ_AHEAD {
+        let mut eof = n == 0;
+        while !eof && buf.len() < READ_AHEAD {
             if buf.capacity() - buf.len() < IDLE_BUFFER {
                 buf.reserve(READ_CHUNK);
             }
@@ -498,8 +527,9 @@ async fn serve(
         let mut closing = eof.then_some(Ok(()));
         // Per batch: kept between batches, its capacity (up to a hundred
         // packets) would stay with every idle connection.
-        let mut publishes = Vec::new();
-        loop {
+        let mut publishes = std::mem::take(&mut held);
+        let were_held = publishes.len();
+        while publishes.len() < shared.batch_max {
             match Packet::read(&mut buf, shared.max_packet) {
                 Ok(Packet::Publish(publish)) => {
                     if publish.qos == QoS::ExactlyOnce {
@@ -507,9 +537,6 @@ async fn serve(
                         break;
                     }
                     publishes.push(publish);
-                    if publishes.len() >= shared.batch_max {
-                        break;
-                    }
                 }
                 Ok(Packet::PingReq) => write(&mut out, Packet::PingResp),
                 Ok(Packet::Subscribe(s)) => {
@@ -536,12 +563,42 @@ async fn serve(
                 }
             }
         }
+        let mut copies = 0;
+        if let Some(client) = leading.filter(|_| !publishes.is_empty()) {
+            let last = closing.is_some()
+                || publishes.len() >= shared.batch_max
+                || held_until.is_some_and(|until| until <= tokio::time::Instant::now());
+            match shared.acked.leading_copies(client, &publishes, last) {
+                Some(n) => {
+                    (copies, leading, held_until) = (n, None, None);
+                }
+                None => {
+                    // Waits for more of the run, from its latest publish.
+                    if publishes.len() > were_held {
+                        held_until = Some(tokio::time::Instant::now() + RESEND_WAIT);
+                    }
+                    held = publishes;
+                    drop(slot);
+                    if !out.is_empty() {
+                        send(&mut stream, &mut out, shutdown).await?;
+                    }
+                    continue;
+                }
+            }
+        }
         if !publishes.is_empty() {
             // Boxed: the mapping and append state is only needed while a
             // batch is processed.
-            if !Box::pin(store(shared, intake, persistent, &publishes, &mut backoff, shutdown))
-                .await
-            {
+            let batch = Box::pin(store(
+                shared,
+                intake,
+                persistent,
+                &publishes,
+                copies,
+                &mut backoff,
+                shutdown,
+            ));
+            if !batch.await {
                 // Shutdown before the append: nothing is acknowledged.
                 return Ok(());
             }
@@ -569,21 +626,24 @@ async fn serve(
 }
 
 /// Maps and appends one batch of a connection, leaving out what a
-/// persistent client sent again of messages already stored, and remembers
-/// its messages as acknowledged; `true` when they may be (appended,
-/// rejected or refused for good), `false` when shutdown came first.
+/// persistent client sent again of messages already stored (the first
+/// `copies`, and DUP copies), and remembers its messages as acknowledged;
+/// `true` when they may be (appended, rejected or refused for good),
+/// `false` when shutdown came first.
 async fn store(
     shared: &Shared,
     intake: &Intake,
     persistent: Option<&String>,
     publishes: &[Publish],
+    copies: usize,
     backoff: &mut Backoff,
     shutdown: &CancellationToken,
 ) -> bool {
-    let resent = match persistent {
+    let mut resent = match persistent {
         Some(client) => shared.acked.resent(client, publishes),
         None => vec![false; publishes.len()],
     };
+    resent.iter_mut().take(copies).for_each(|r| *r = true);
     let fresh: Vec<&Publish> =
         publishes.iter().zip(&resent).filter(|(_, r)| !**r).map(|(p, _)| p).collect();
     let records =
@@ -612,7 +672,7 @@ async fn store(
         tracing::info!(client = ?persistent, n = n_resent, "a device sent again messages already stored: acknowledged, not stored twice");
     }
     if let Some(client) = persistent {
-        shared.acked.acknowledging(client, batch, publishes);
+        shared.acked.acknowledging(client, batch, fresh);
     }
     true
 }

@@ -1,7 +1,7 @@
 //! What the ingest endpoint remembers of the messages it acknowledged,
-//! per persistent client, so that a copy a device sends again (DUP, same
-//! packet id) after its PUBACK was lost is not stored twice, also after
-//! the gateway crashed.
+//! per persistent client, in order, so that a copy a device sends again
+//! (same packet id, with DUP or leading a reconnection) after its PUBACK
+//! was lost is not stored twice, also after the gateway crashed.
 //!
 //! A device resends what it got no PUBACK for: after a crash those are the
 //! messages of the batches in flight, appended or half appended. So the
@@ -181,6 +181,45 @@ impl Acked {
             .collect()
     }
 
+    /// How many of the first publishes of a connection of `client` are
+    /// copies sent again without DUP (rumqttc never sets it), or `None`
+    /// while more publishes are needed to tell.
+    ///
+    /// A device sends again, right after reconnecting and before anything
+    /// new, what it got no PUBACK for. PUBACKs go out in order, so those
+    /// are the last messages acknowledged to it: the copies are the leading
+    /// publishes that repeat, in order, a suffix of what is remembered, up
+    /// to its end. A run that matches so far but stops short of the end is
+    /// no resend: undecided until `last` (nothing more will be waited
+    /// for), then new. Without DUP a device that restarted and sends the
+    /// very messages (packet ids and bytes) it last sent cannot be told
+    /// from one sending them again; `resends_without_dup = false` turns this
+    /// off for such devices.
+    pub fn leading_copies(&self, client: &str, publishes: &[Publish], last: bool) -> Option<usize> {
+        let state = self.lock();
+        let Some(mine) = state.clients.get(client) else { return Some(0) };
+        let key = |p: &Publish| {
+            (p.qos == QoS::AtLeastOnce).then(|| (p.pkid, Fingerprint::of(&p.topic, &p.payload)))
+        };
+        let Some(first) = publishes.first().and_then(key) else { return Some(0) };
+        let mut keys: Vec<Option<Message>> = Vec::new();
+        let (mut copies, mut open) = (0, false);
+        for start in (0..mine.len()).filter(|&i| mine[i] == first) {
+            let suffix = mine.len() - start;
+            let n = suffix.min(publishes.len());
+            // Fingerprints as far as some candidate needs them.
+            keys.extend(publishes[keys.len().min(n)..n].iter().map(key));
+            if mine.range(start..start + n).zip(&keys).all(|(m, k)| Some(*m) == *k) {
+                if n == suffix {
+                    copies = copies.max(suffix);
+                } else {
+                    open = true;
+                }
+            }
+        }
+        (last || !open).then_some(copies)
+    }
+
     /// `batch` is about to be appended; pass the number returned to
     /// [`Acked::acknowledging`] once it is.
     pub fn appending(&self, batch: Batch) -> u64 {
@@ -193,15 +232,22 @@ impl Acked {
         number
     }
 
-    /// Remembers the QoS 1 publishes of `client` about to be acknowledged,
-    /// and that `batch` (from [`Acked::appending`]) is stored.
-    pub fn acknowledging(&self, client: &str, batch: Option<u64>, publishes: &[Publish]) {
+    /// Remembers the QoS 1 publishes of `client` stored and about to be
+    /// acknowledged (not the copies among them: a message is remembered
+    /// once, in the order acknowledged), and that `batch` (from
+    /// [`Acked::appending`]) is stored.
+    pub fn acknowledging<'a>(
+        &self,
+        client: &str,
+        batch: Option<u64>,
+        publishes: impl IntoIterator<Item = &'a Publish>,
+    ) {
         let mut state = self.lock();
         if let Some(number) = batch {
             state.appending.remove(&number);
         }
         let messages: Vec<Message> = publishes
-            .iter()
+            .into_iter()
             .filter(|p| p.qos == QoS::AtLeastOnce)
             .map(|p| (p.pkid, Fingerprint::of(&p.topic, &p.payload)))
             .collect();
@@ -415,6 +461,52 @@ mod tests {
 
     fn record(p: &Publish) -> (u16, Fingerprint, u32) {
         (p.pkid, Fingerprint::of(&p.topic, &p.payload), crc32c::crc32c(&p.payload))
+    }
+
+    #[test]
+    fn copies_without_dup_are_the_leading_run_that_ends_what_was_acknowledged() {
+        let acked = Acked::in_memory(10);
+        let sent: Vec<Publish> = (1..=5).map(|n| publish(n, &format!("r{n}"))).collect();
+        acked.acknowledging("dev-1", None, &sent);
+        let again = |ns: &[usize]| -> Vec<Publish> {
+            ns.iter()
+                .map(|&n| {
+                    let mut p = sent[n - 1].clone();
+                    p.dup = false;
+                    p
+                })
+                .collect()
+        };
+        let new = |pkid| {
+            let mut p = publish(pkid, "new");
+            p.dup = false;
+            p
+        };
+        let copies = |publishes: &[Publish], last| acked.leading_copies("dev-1", publishes, last);
+        // The last two PUBACKs were lost: 4 and 5 come again, then new ones.
+        assert_eq!(copies(&[again(&[4, 5]), vec![new(6)]].concat(), false), Some(2));
+        assert_eq!(copies(&again(&[5]), false), Some(1));
+        // A run that stops short of the end may go on: wait, unless nothing
+        // more comes; then it is no resend.
+        assert_eq!(copies(&again(&[3, 4]), false), None);
+        assert_eq!(copies(&again(&[3, 4]), true), Some(0));
+        // Broken runs, QoS 0 and unknown messages or clients are new.
+        assert_eq!(copies(&[again(&[3]), vec![new(4)]].concat(), false), Some(0));
+        assert_eq!(copies(&again(&[5, 4]), false), Some(1));
+        let mut qos0 = again(&[5]);
+        qos0[0].qos = QoS::AtMostOnce;
+        assert_eq!(copies(&qos0, false), Some(0));
+        assert_eq!(copies(&[new(5)], false), Some(0));
+        assert_eq!(copies(&[], false), Some(0));
+        assert_eq!(acked.leading_copies("dev-2", &again(&[5]), false), Some(0));
+        // A device that reuses one packet id: the longest run that ends
+        // what was acknowledged, once no longer one may come.
+        acked.acknowledging("dev-3", None, &[publish(1, "a"), publish(1, "b"), publish(1, "a")]);
+        let mut a = publish(1, "a");
+        a.dup = false;
+        let a = [a];
+        assert_eq!(acked.leading_copies("dev-3", &a, false), None);
+        assert_eq!(acked.leading_copies("dev-3", &a, true), Some(1));
     }
 
     #[test]

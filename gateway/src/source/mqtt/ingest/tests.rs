@@ -1,5 +1,7 @@
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::SeqCst;
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -334,6 +336,17 @@ impl RawDevice {
         publish.dup = dup;
         self.send(Packet::Publish(publish)).await;
     }
+
+    /// Sends these messages again (QoS 1, without waiting), then reads
+    /// their PUBACKs, as a device does after a reconnect.
+    async fn resend(&mut self, messages: &[(u16, bool, u64)]) {
+        for &(pkid, dup, seq) in messages {
+            self.send_reading(pkid, dup, seq).await;
+        }
+        for &(pkid, _, _) in messages {
+            assert!(matches!(self.read().await, Packet::PubAck(a) if a.pkid == pkid));
+        }
+    }
 }
 
 #[tokio::test]
@@ -365,6 +378,159 @@ async fn a_message_sent_again_after_a_lost_puback_is_stored_once() {
     assert_eq!(running.health.to_json()["resent_total"], 2);
     running.stop.cancel();
     drop((device, other, clean));
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
+/// A link between devices and the endpoint that can lose what the endpoint
+/// answers on the connections open (PUBACKs lost on the way), then cut
+/// them.
+struct LossyLink {
+    addr: SocketAddr,
+    /// The generation of connections that lose what the endpoint answers.
+    lose: Arc<AtomicU32>,
+    /// The generation of connections: a new one closes the others.
+    cut: watch::Sender<u32>,
+}
+
+impl LossyLink {
+    async fn start(to: SocketAddr) -> LossyLink {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let link = LossyLink {
+            addr: listener.local_addr().unwrap(),
+            lose: Arc::new(AtomicU32::new(u32::MAX)),
+            cut: watch::Sender::new(0),
+        };
+        let (lose, cut) = (Arc::clone(&link.lose), link.cut.clone());
+        tokio::spawn(async move {
+            while let Ok((device, _)) = listener.accept().await {
+                let (lose, mut cut) = (Arc::clone(&lose), cut.subscribe());
+                let generation = *cut.borrow_and_update();
+                tokio::spawn(async move {
+                    let endpoint = TcpStream::connect(to).await.unwrap();
+                    let ((mut dr, mut dw), (mut er, mut ew)) =
+                        (device.into_split(), endpoint.into_split());
+                    let up = tokio::io::copy(&mut dr, &mut ew);
+                    let down = async {
+                        let mut chunk = vec![0; 4096];
+                        while let Ok(n @ 1..) = er.read(&mut chunk).await {
+                            if lose.load(SeqCst) != generation {
+                                dw.write_all(&chunk[..n]).await?;
+                            }
+                        }
+                        std::io::Result::Ok(())
+                    };
+                    // Either side closing, or a cut, closes both.
+                    tokio::select! {
+                        _ = up => {}
+                        _ = down => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        link
+    }
+
+    fn lose(&self) {
+        self.lose.store(*self.cut.borrow(), SeqCst);
+    }
+
+    fn cut(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+#[tokio::test]
+async fn rumqttc_sending_again_without_dup_after_lost_pubacks_is_stored_once() {
+    let running = start(&config(&[]), Arc::new(MemoryBuffer::new()));
+    let mut durable = running.buffer.subscribe();
+    let link = LossyLink::start(running.addr).await;
+    let mut options = MqttOptions::new("dev-r", "127.0.0.1", link.addr.port());
+    options.set_clean_session(false);
+    let (client, mut eventloop) = AsyncClient::new(options, 100);
+    let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
+    let device = tokio::spawn(async move {
+        for _ in 0..10_000 {
+            // An error is a cut: rumqttc connects again at the next poll.
+            if let Ok(Event::Incoming(rumqttc::Packet::PubAck(a))) = eventloop.poll().await {
+                let _ = acks_tx.send(a.pkid);
+            }
+        }
+    });
+    let publish = async |seq: u64| {
+        let payload = format!("{{\"seq\": {seq}}}");
+        client.publish("readers/r1/tags", QoS::AtLeastOnce, false, payload).await.unwrap();
+    };
+    let acked = async |acks: &mut tokio::sync::mpsc::UnboundedReceiver<u16>, n: usize| {
+        for _ in 0..n {
+            tokio::time::timeout(WAIT, acks.recv()).await.unwrap().unwrap();
+        }
+    };
+    for seq in 1..=3 {
+        publish(seq).await;
+    }
+    acked(&mut acks, 3).await;
+    // Stored and acknowledged, but the PUBACKs never reach the device.
+    link.lose();
+    let from = *durable.borrow();
+    for seq in 4..=6 {
+        publish(seq).await;
+    }
+    tokio::time::timeout(WAIT, durable.wait_for(|next| *next >= from + 3)).await.unwrap().unwrap();
+    link.cut();
+    // rumqttc reconnects and sends 4 to 6 again, without DUP; then a new
+    // one.
+    acked(&mut acks, 3).await;
+    publish(7).await;
+    acked(&mut acks, 1).await;
+    let counts = stored_counts(&running.buffer).await;
+    assert_eq!(counts, (1..=7).map(|seq| (seq, 1)).collect::<BTreeMap<_, _>>());
+    assert_eq!(running.health.to_json()["resent_total"], 3);
+    device.abort();
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn only_a_run_that_ends_what_was_acknowledged_is_taken_for_copies_without_dup() {
+    let running = start(&config(&[]), Arc::new(MemoryBuffer::new()));
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    for (pkid, seq) in [(1, 1), (2, 2), (3, 3)] {
+        device.publish(pkid, false, seq).await;
+    }
+    // Restarted, the device sends its first message again, then others:
+    // no resend of the last ones acknowledged, all new.
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    device.resend(&[(1, false, 1), (2, false, 20)]).await;
+    // A run that matches so far but stops short of the end is held for
+    // a while, then stored.
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    device.resend(&[(1, false, 1)]).await;
+    assert_eq!(running.buffer.stats().appended_total, 6);
+    assert_eq!(running.health.to_json()["resent_total"], 0);
+    // The last one acknowledged, without DUP: a copy; then new ones.
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    device.resend(&[(1, false, 1), (4, false, 4)]).await;
+    // Not leading the connection: new.
+    device.publish(4, false, 4).await;
+    assert_eq!(running.buffer.stats().appended_total, 8);
+    assert_eq!(running.health.to_json()["resent_total"], 1);
+    running.stop.cancel();
+    drop(device);
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+
+    // Turned off, only DUP copies are recognised.
+    let config = MqttIngestConfig { resends_without_dup: false, ..config(&[]) };
+    let running = start(&config, Arc::new(MemoryBuffer::new()));
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    device.publish(1, false, 1).await;
+    let mut device = RawDevice::connect(running.addr, "dev-1", false).await;
+    device.resend(&[(1, false, 1)]).await;
+    device.resend(&[(1, true, 1)]).await;
+    assert_eq!(running.buffer.stats().appended_total, 2);
+    assert_eq!(running.health.to_json()["resent_total"], 1);
+    running.stop.cancel();
+    drop(device);
     tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
 }
 
@@ -406,14 +572,13 @@ async fn messages_sent_again_after_a_crash_are_stored_once_and_none_is_lost() {
     doomed.shutdown_background();
     drop((device, other));
 
-    // The next run, on the same buffer and state: the devices send again,
-    // with DUP, what they got no PUBACK for.
+    // The next run, on the same buffer and state: the devices send again
+    // what they got no PUBACK for, one without DUP (as rumqttc does), one
+    // with it.
     let here = tokio::runtime::Handle::current();
     let second = start_on(&config(&[]), Arc::clone(&buffer), Some(dir.path()), &here);
     let mut device = RawDevice::connect(second.addr, "dev-1", false).await;
-    device.publish(2, true, 2).await;
-    device.publish(3, true, 3).await;
-    device.publish(4, false, 4).await;
+    device.resend(&[(2, false, 2), (3, false, 3), (4, false, 4)]).await;
     let mut other = RawDevice::connect(second.addr, "dev-2", false).await;
     other.publish(1, true, 10).await;
     let counts = stored_counts(&buffer).await;
