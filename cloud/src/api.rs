@@ -215,6 +215,7 @@ impl Routes {
 
     pub fn into_router(self, state: AppState) -> Router {
         self.router
+            .route_layer(middleware::from_fn(contain_panics))
             .route_layer(middleware::from_fn_with_state(state.clone(), observe))
             .fallback(|| async { Error::NotFound("route".into()) })
             .method_not_allowed_fallback(|method: Method| async move {
@@ -326,6 +327,37 @@ async fn observe(State(state): State<AppState>, request: Request<Body>, next: Ne
     response
 }
 
+/// Answers a handler's panic with a 500 in the error shape, counted like
+/// any answer, instead of a connection closed without one. Handlers must
+/// not panic on any input; this keeps a bug that slips through from
+/// looking like a network failure to the client (who would retry it).
+async fn contain_panics(request: Request<Body>, next: Next) -> Response {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::task::Poll;
+    let mut handling = std::pin::pin!(next.run(request));
+    // Unwind safety: the handler's state is dropped with its future; what
+    // it shares (the store, caches) is behind locks that poison or is
+    // left consistent by each write.
+    let polled = std::future::poll_fn(|cx| {
+        match catch_unwind(AssertUnwindSafe(|| handling.as_mut().poll(cx))) {
+            Ok(Poll::Ready(response)) => Poll::Ready(Ok(response)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    });
+    match polled.await {
+        Ok(response) => response,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            Error::internal(format!("handler panicked: {what}")).into_response()
+        }
+    }
+}
+
 impl IntoResponse for JsonBody {
     fn into_response(self) -> Response {
         axum::Json(self.0).into_response()
@@ -335,6 +367,33 @@ impl IntoResponse for JsonBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_handler_that_panics_answers_500_in_the_error_shape() {
+        use tower::ServiceExt;
+        async fn boom() -> &'static str {
+            panic!("boom")
+        }
+        let router: Router = Router::new()
+            .route("/boom", axum::routing::get(boom))
+            .route("/fine", axum::routing::get(|| async { "fine" }))
+            .route_layer(middleware::from_fn(contain_panics));
+        let call = |path: &'static str| {
+            let router = router.clone();
+            async move {
+                let request = Request::get(path).body(Body::empty()).unwrap();
+                let response = router.oneshot(request).await.unwrap();
+                let status = response.status();
+                let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+                (status, body)
+            }
+        };
+        let (status, body) = call("/boom").await;
+        assert_eq!(status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        let json: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error"]["code"], "internal", "{json}");
+        assert_eq!(call("/fine").await.1, "fine");
+    }
 
     #[test]
     fn limit_defaults_clamps_and_rejects() {

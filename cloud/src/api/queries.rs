@@ -50,7 +50,8 @@ pub fn range_of(
     field: &str,
 ) -> Result<Range> {
     let to = to.unwrap_or_else(|| crate::now_ms() + 1);
-    let from = from.unwrap_or(to - default_span);
+    // Saturating: any `to` may come from a caller, `i64::MIN` too.
+    let from = from.unwrap_or(to.saturating_sub(default_span));
     let name = |f: &str| if field.is_empty() { f.to_owned() } else { format!("{field}.{f}") };
     if from < 0 || to < 0 {
         return Err(Error::validation(name("from"), "times are ms since the epoch, not negative"));
@@ -361,8 +362,9 @@ pub async fn whats_changed(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SearchRequest {
-    /// 1 to 200 characters, matched case-insensitively as a substring of
-    /// event names, actor and object types and ids, and property values.
+    /// 1 to 200 characters (no NUL), matched case-insensitively as a
+    /// substring of event names, actor and object types and ids, and
+    /// property values.
     /// On the embedded store a query shorter than 3 characters is checked
     /// against the newest 100,000 events of the range only
     /// (`totalCapped` then says the count may be higher).
@@ -410,6 +412,11 @@ pub async fn event_search(
     let chars = text.chars().count();
     if !(1..=200).contains(&chars) {
         return Err(Error::validation("query", "`query` must be 1 to 200 characters"));
+    }
+    // SQLite's full-text query parser stops at a NUL: no store could
+    // search for one.
+    if text.contains('\0') {
+        return Err(Error::validation("query", "`query` must not contain NUL characters"));
     }
     // Search is bounded by `limit`, not by a span: either bound alone is
     // "everything after" or "everything before".

@@ -1,0 +1,326 @@
+//! Every route of the cloud's API, as its OpenAPI document lists them,
+//! against malformed input from a fully privileged caller: broken and
+//! wrongly typed JSON bodies, nesting past any parser's patience, invalid
+//! UTF-8, odd path parameters and query strings. Each must be answered
+//! with a client error in the API's error shape, or a success, never a
+//! server error or a panic, and the cloud must keep serving.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
+
+use std::collections::HashMap;
+
+use opgraph_tests::{Cloud, client};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+/// Bodies no route can take as they are.
+fn bad_bodies() -> Vec<Vec<u8>> {
+    let wrong_types = json!({
+        "name": 1, "id": [], "event": 7, "events": "x", "scopes": "all", "limit": -1,
+        "amount": "NaN", "currency": 5, "from": "yesterday", "to": {}, "status": 3,
+        "traceId": [1], "decisionId": {}, "grantId": false, "query": {"a": 1},
+        "steps": "a,b", "records": 9, "destination": [], "config": "x", "url": 12,
+        "timestamp": "now", "actor": 5, "object": [], "properties": "p", "code": {},
+        "kind": 0, "metric": [], "window": "forever", "receiptIds": "r", "items": {},
+    });
+    let deep_array = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
+    let deep_object = format!("{}1{}", "{\"a\":".repeat(1_000), "}".repeat(1_000));
+    vec![
+        Vec::new(),
+        b"{".to_vec(),
+        b"null".to_vec(),
+        b"[]".to_vec(),
+        b"\"text\"".to_vec(),
+        b"42".to_vec(),
+        b"{}".to_vec(),
+        b"{\"unknownField\": 1}".to_vec(),
+        b"{\"amount\": 1e999}".to_vec(),
+        b"{\"name\": \"\xff\xfe\"}".to_vec(),
+        wrong_types.to_string().into_bytes(),
+        deep_array.into_bytes(),
+        deep_object.into_bytes(),
+    ]
+}
+
+/// `schema` (of the OpenAPI document `doc`) resolved through `$ref`s and
+/// the first of `oneOf`/`anyOf`.
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    let mut schema = schema;
+    for _ in 0..10 {
+        if let Some(reference) = schema["$ref"].as_str() {
+            let name = reference.trim_start_matches("#/components/schemas/");
+            schema = &doc["components"]["schemas"][name];
+        } else if let Some(first) = schema["oneOf"].get(0).or_else(|| schema["anyOf"].get(0)) {
+            schema = first;
+        } else {
+            break;
+        }
+    }
+    schema
+}
+
+/// The first type a schema allows other than null.
+fn type_of(schema: &Value) -> &str {
+    match &schema["type"] {
+        Value::String(t) => Some(t.as_str()),
+        Value::Array(types) => types.iter().filter_map(Value::as_str).find(|t| *t != "null"),
+        _ => None,
+    }
+    .unwrap_or(if schema["properties"].is_object() { "object" } else { "string" })
+}
+
+/// A plain value of `schema`: its required properties only, the first
+/// value of an enum.
+fn sample(doc: &Value, schema: &Value, depth: usize) -> Value {
+    let schema = resolve(doc, schema);
+    if let Some(first) = schema["enum"].get(0) {
+        return first.clone();
+    }
+    match type_of(schema) {
+        "object" if depth < 4 => {
+            let required: Vec<&str> = schema["required"]
+                .as_array()
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let mut object = serde_json::Map::new();
+            for name in required {
+                object.insert(name.to_owned(), sample(doc, &schema["properties"][name], depth + 1));
+            }
+            Value::Object(object)
+        }
+        "object" => json!({}),
+        "array" if depth < 4 => json!([sample(doc, &schema["items"], depth + 1)]),
+        "array" => json!([]),
+        "integer" => json!(1),
+        "number" => json!(1.5),
+        "boolean" => json!(true),
+        _ => json!("x"),
+    }
+}
+
+/// Values each property is set to in turn: edges of every JSON type.
+fn edge_values() -> Vec<Value> {
+    vec![
+        Value::Null,
+        json!(""),
+        json!("x".repeat(70_000)),
+        json!(" \u{0} \u{202e}"),
+        json!(-1),
+        json!(0),
+        json!(i64::MAX),
+        json!(i64::MIN),
+        serde_json::from_str("18446744073709551616").unwrap(),
+        json!(1e308),
+        json!(-1e308),
+        json!(0.5),
+        json!(true),
+        json!([]),
+        json!({}),
+        json!(vec![0; 10_000]),
+        json!({"nested": {"deeper": [1, "two", null]}}),
+    ]
+}
+
+/// Bodies for an operation whose request schema is `schema`: the plain
+/// sample, then each property of it (and of its objects, three deep) set
+/// to each of [`edge_values`].
+fn edge_bodies(doc: &Value, schema: &Value) -> Vec<Value> {
+    let base = sample(doc, schema, 0);
+    let mut bodies = vec![base.clone()];
+    let mut paths = Vec::new();
+    properties(doc, schema, &mut Vec::new(), &mut paths);
+    let edges = edge_values();
+    for path in paths {
+        for edge in &edges {
+            let mut body = base.clone();
+            let mut at = &mut body;
+            for (i, name) in path.iter().enumerate() {
+                if !at.is_object() {
+                    *at = json!({});
+                }
+                let slot = at.as_object_mut().expect("an object").entry(name.clone());
+                at = slot.or_insert(Value::Null);
+                if i + 1 == path.len() {
+                    *at = edge.clone();
+                }
+            }
+            bodies.push(body);
+        }
+    }
+    bodies
+}
+
+/// The paths to every property of `schema`, three objects deep.
+fn properties(doc: &Value, schema: &Value, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let schema = resolve(doc, schema);
+    let Some(props) = schema["properties"].as_object() else { return };
+    if prefix.len() >= 3 {
+        return;
+    }
+    for (name, property) in props {
+        prefix.push(name.clone());
+        out.push(prefix.clone());
+        properties(doc, property, prefix, out);
+        prefix.pop();
+    }
+}
+
+/// Values put in place of every path parameter.
+const PATH_VALUES: [&str; 4] = ["missing", "%2e%2e%2fkeys", "%00%ff", "x"];
+
+/// A query string of wrong values for the usual parameters.
+const BAD_QUERY: &str = "limit=-5&from=x&to=99999999999999999999999&cursor=%ff%fe&traceId=\
+    &event=%00&businessId=&outcome=sometimes&status=&strict=maybe&offset=-1&q=";
+
+/// An operation of the OpenAPI document: method, path, and the schema of
+/// its JSON body (`Null` when it takes none).
+struct Operation {
+    method: Method,
+    path: String,
+    body: Value,
+}
+
+/// The OpenAPI document and its operations.
+async fn operations(cloud: &Cloud) -> (Value, Vec<Operation>) {
+    let (status, doc) = cloud.call(&client(), &cloud.key, Method::GET, "/api/openapi", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut operations = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("a path item") {
+            if let Ok(method) = method.to_uppercase().parse::<Method>() {
+                let body =
+                    operation["requestBody"]["content"]["application/json"]["schema"].clone();
+                operations.push(Operation { method, path: path.clone(), body });
+            }
+        }
+    }
+    (doc, operations)
+}
+
+/// The `id` of what an answer describes: at its top, or in its one object.
+fn id_in(answer: &[u8]) -> Option<String> {
+    let json: Value = serde_json::from_slice(answer).ok()?;
+    let object = json.as_object()?;
+    let id = object.get("id").or_else(|| {
+        let inner: Vec<&Value> = object.values().filter(|v| v.is_object()).collect();
+        inner.first().and_then(|v| v.get("id")).filter(|_| inner.len() == 1)
+    });
+    id.and_then(Value::as_str).map(str::to_owned)
+}
+
+/// `path` with every `{param}` replaced by `value`.
+fn filled(path: &str, value: &str) -> String {
+    let mut out = String::new();
+    let mut rest = path;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..].find('}').map_or(rest.len(), |c| open + c + 1);
+        out.push_str(value);
+        rest = &rest[close..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What is wrong with an answer to bad input to `path`, if anything.
+fn problem(path: &str, status: StatusCode, body: &[u8]) -> Option<String> {
+    if status.is_server_error() {
+        return Some(format!("server error {status}: {}", String::from_utf8_lossy(body)));
+    }
+    // A scanned code's page is for people: its errors are HTML.
+    if status.is_client_error() && !path.starts_with("/r/") {
+        let json: Value = match serde_json::from_slice(body) {
+            Ok(json) => json,
+            Err(_) => return Some(format!("{status} without a JSON body")),
+        };
+        let shaped = json["error"]["code"].is_string() && json["error"]["message"].is_string();
+        if !shaped {
+            return Some(format!("{status} not in the error shape: {json}"));
+        }
+    }
+    None
+}
+
+#[tokio::test]
+async fn every_route_answers_bad_input_with_a_client_error() {
+    // No rate limit: thousands of requests in a row are the point here.
+    let cloud = Cloud::start(&[("OPGRAPH_RATE_LIMIT_RPS", "0".to_owned())]).await.unwrap();
+    let http = client();
+    let (doc, operations) = operations(&cloud).await;
+    assert!(operations.len() >= 50, "the document lists {} operations", operations.len());
+    let mut problems = Vec::new();
+    let mut sent = 0;
+    // Ids of what the plain samples created, by collection path: the
+    // routes of one item get their bodies on it too, not only on ids that
+    // name nothing.
+    let mut created: HashMap<String, String> = HashMap::new();
+    for operation in &operations {
+        let Operation { method, path, .. } = operation;
+        let mut bodies: Vec<Option<Vec<u8>>> = vec![None];
+        if [Method::POST, Method::PUT, Method::PATCH].contains(method) {
+            bodies = bad_bodies().into_iter().map(Some).collect();
+            if !operation.body.is_null() {
+                let edges = edge_bodies(&doc, &operation.body);
+                bodies.extend(edges.iter().map(|b| Some(b.to_string().into_bytes())));
+            }
+        }
+        let collection = path.split("/{").next().unwrap_or(path);
+        let mut values: Vec<String> = PATH_VALUES.iter().map(|v| (*v).to_owned()).collect();
+        if let Some(id) = created.get(collection).filter(|_| path.contains('{')) {
+            values.insert(0, id.clone());
+        }
+        for (i, value) in values.iter().enumerate() {
+            let target = filled(path, value);
+            if target == *path && i > 0 {
+                continue;
+            }
+            // Every body with the first value, one with the others.
+            let tried = if i == 0 { bodies.len() } else { 1 };
+            for body in &bodies[..tried] {
+                let mut url = cloud.at(&target);
+                if body.is_none() {
+                    url = format!("{url}?{BAD_QUERY}");
+                }
+                let mut request = http.request(method.clone(), &url).bearer_auth(&cloud.key);
+                if let Some(body) = body {
+                    request = request.header("content-type", "application/json").body(body.clone());
+                }
+                sent += 1;
+                // A connection closed without an answer is a problem too
+                // (a handler that panicked), reported with the others.
+                let problem = match request.send().await {
+                    Ok(response) => {
+                        let status = response.status();
+                        let answer = response.bytes().await.unwrap_or_default();
+                        if status.is_success()
+                            && *method == Method::POST
+                            && !path.contains('{')
+                            && let Some(id) = id_in(&answer)
+                        {
+                            created.entry(path.clone()).or_insert(id);
+                        }
+                        problem(path, status, &answer)
+                    }
+                    Err(e) => Some(format!("no answer: {e}")),
+                };
+                if let Some(problem) = problem {
+                    let shown =
+                        body.as_ref().map(|b| String::from_utf8_lossy(&b[..b.len().min(120)]));
+                    problems.push(format!("{method} {target} body {shown:?}: {problem}"));
+                }
+            }
+        }
+    }
+    assert!(sent > 2_000, "only {sent} requests");
+    // The samples are good enough to create items, whose routes were
+    // then tried on them.
+    for collection in ["/api/governance/decision-objects", "/api/governance/authority-grants"] {
+        assert!(created.contains_key(collection), "nothing created at {collection}: {created:?}");
+    }
+    assert!(problems.is_empty(), "{} of {sent} answers:\n{}", problems.len(), problems.join("\n"));
+    // Still serving, and nothing panicked on the way.
+    let (status, _) = cloud.call(&http, &cloud.key, Method::GET, "/api/health", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, log) = cloud.process.stop().await.unwrap();
+    let panics: Vec<&String> = log.iter().filter(|l| l.contains("panicked")).collect();
+    assert!(panics.is_empty(), "{panics:#?}");
+}
