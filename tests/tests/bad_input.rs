@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use opgraph_tests::backends::Backend;
 use opgraph_tests::{Cloud, client};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -240,10 +241,9 @@ fn problem(path: &str, status: StatusCode, body: &[u8]) -> Option<String> {
     None
 }
 
-#[tokio::test]
-async fn every_route_answers_bad_input_with_a_client_error() {
+async fn every_route_answers_bad_input_with_a_client_error(backend: Backend) {
     // No rate limit: thousands of requests in a row are the point here.
-    let cloud = Cloud::start(&[("OPGRAPH_RATE_LIMIT_RPS", "0".to_owned())]).await.unwrap();
+    let cloud = backend.start(&[("OPGRAPH_RATE_LIMIT_RPS", "0".to_owned())]).await.unwrap();
     let http = client();
     let (doc, operations) = operations(&cloud).await;
     assert!(operations.len() >= 50, "the document lists {} operations", operations.len());
@@ -320,7 +320,9 @@ async fn every_route_answers_bad_input_with_a_client_error() {
     // Still serving, and nothing panicked on the way.
     let (status, _) = cloud.call(&http, &cloud.key, Method::GET, "/api/health", None).await;
     assert_eq!(status, StatusCode::OK);
-    let (_, log) = cloud.process.stop().await.unwrap();
+    let (_, log) = cloud.cloud.process.stop().await.unwrap();
     let panics: Vec<&String> = log.iter().filter(|l| l.contains("panicked")).collect();
     assert!(panics.is_empty(), "{panics:#?}");
 }
+
+opgraph_tests::both_backends!(every_route_answers_bad_input_with_a_client_error);
