@@ -295,6 +295,56 @@ mod tests {
         assert!(config.sources.mqtt_broker.is_some());
     }
 
+    /// Whatever a key of the example is set to (the edges of each TOML
+    /// type), reading the file answers with a config or its problems,
+    /// never a panic.
+    #[test]
+    fn no_value_makes_reading_the_config_panic() {
+        let text = include_str!("../../deploy/gateway.example.toml");
+        let edges = [
+            "-1",
+            "0",
+            "18446744073709551615",
+            "-9223372036854775808",
+            "1e300",
+            "nan",
+            "inf",
+            "true",
+            "\"\"",
+            "\"18446744073709551615s\"",
+            "\"5000000000y\"",
+            "\"16EiB\"",
+            "\"-1MiB\"",
+            "\"\\u0000\"",
+            "[]",
+            "{}",
+            "[[1]]",
+            "{ a = { b = 1 } }",
+        ];
+        let env = |k: &str| (k == "OPGRAPH_GATEWAY_API_KEY").then(|| "og_e0123456789abcdef".into());
+        let lines: Vec<&str> = text.lines().collect();
+        let mut tried = 0;
+        for (n, line) in lines.iter().enumerate() {
+            let Some((key, _)) = line.split_once(" = ").filter(|_| !line.starts_with('#')) else {
+                continue;
+            };
+            for edge in edges {
+                let mut changed = lines.clone();
+                let replaced = format!("{key} = {edge}");
+                changed[n] = &replaced;
+                let changed = changed.join("\n");
+                let read = std::panic::catch_unwind(|| {
+                    let mut config = Config::parse(&changed)?;
+                    config.apply_env(env)?;
+                    config.validate()
+                });
+                assert!(read.is_ok(), "line {}: {key} = {edge} panicked", n + 1);
+                tried += 1;
+            }
+        }
+        assert!(tried > 1000, "only {tried} variants");
+    }
+
     #[test]
     fn sources_are_checked_with_their_key_paths() {
         let text = format!(

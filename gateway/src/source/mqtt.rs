@@ -62,6 +62,12 @@ const REQUEST_CAPACITY: usize = 65_536 + 1024;
 const INTERRUPTED_RECORDS: usize = 100_000;
 const INTERRUPTED_BYTES: usize = 64 << 20;
 
+/// Most device connections the embedded broker or an ingest endpoint may be
+/// configured for: far past what one gateway serves, and a bound on what
+/// rumqttd sets aside at start (room for each connection in several
+/// tables) and on the endpoint's connection permits.
+const MAX_CONNECTIONS: usize = 100_000;
+
 /// How long a stopping source keeps polling to write its last acks.
 const ACK_FLUSH: Duration = Duration::from_secs(2);
 

@@ -59,8 +59,8 @@ impl Default for MqttBrokerConfig {
 impl MqttBrokerConfig {
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        if self.max_connections == 0 {
-            problems.push("max_connections: must be at least 1".to_owned());
+        if !(1..=super::MAX_CONNECTIONS).contains(&self.max_connections) {
+            problems.push(format!("max_connections: must be 1 to {}", super::MAX_CONNECTIONS));
         }
         if self.max_payload.as_u64() < 1024 || self.max_payload.as_u64() > 256 * 1024 * 1024 {
             problems.push("max_payload: must be 1KiB to 256MiB".to_owned());
@@ -194,5 +194,8 @@ mod tests {
             .map(|p| p.split(':').next().unwrap_or_default().to_owned())
             .collect();
         assert_eq!(keys, ["max_connections", "max_inflight", "connect_timeout"]);
+        // rumqttd sets aside room for every connection at start.
+        let huge = MqttBrokerConfig { max_connections: usize::MAX, ..MqttBrokerConfig::default() };
+        assert_eq!(huge.problems(), ["max_connections: must be 1 to 100000"]);
     }
 }

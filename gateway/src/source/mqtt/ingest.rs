@@ -149,8 +149,8 @@ impl MqttIngestConfig {
         if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
             problems.push("tls_cert_file: needs tls_key_file, and the other way round".to_owned());
         }
-        if self.max_connections == 0 {
-            problems.push("max_connections: must be at least 1".to_owned());
+        if !(1..=super::MAX_CONNECTIONS).contains(&self.max_connections) {
+            problems.push(format!("max_connections: must be 1 to {}", super::MAX_CONNECTIONS));
         }
         if self.max_payload.as_u64() < 1024 || self.max_payload.as_u64() > 256 * 1024 * 1024 {
             problems.push("max_payload: must be 1KiB to 256MiB".to_owned());

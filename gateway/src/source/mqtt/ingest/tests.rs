@@ -678,5 +678,8 @@ proptest::proptest! {
 fn batch_slots_are_validated() {
     let problems = MqttIngestConfig { max_concurrent_batches: 0, ..config(&[]) }.problems();
     assert_eq!(problems, ["max_concurrent_batches: must be 1 to 10000"]);
+    // Its connection permits: tokio's semaphore panics past 2^61.
+    let problems = MqttIngestConfig { max_connections: usize::MAX, ..config(&[]) }.problems();
+    assert_eq!(problems, ["max_connections: must be 1 to 100000"]);
     assert!(config(&[]).problems().is_empty());
 }
