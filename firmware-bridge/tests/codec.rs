@@ -1,10 +1,13 @@
 //! Properties of the codec over generated readings and line damage:
 //! whatever is written reads back the same however the bytes are split,
 //! garbage before a frame never hides it, and a flipped bit is never
-//! taken for a frame.
+//! taken for a frame. And of the host's session: a device that frames
+//! anything at all (any kind, sequence number and payload, with a correct
+//! checksum) gets answers and rejections, never a panic.
 #![allow(clippy::unwrap_used)]
 
-use opgraph_firmware_bridge::frame::MAX_ENCODED;
+use opgraph_firmware_bridge::frame::{Hello, MAX_ENCODED, MAX_PAYLOAD, hello_payload};
+use opgraph_firmware_bridge::host::Session;
 use opgraph_firmware_bridge::{Decoder, Fields, FrameWriter, Kind, Reading, Value};
 use proptest::prelude::*;
 
@@ -112,5 +115,49 @@ proptest! {
         let mut frames = 0;
         decoder.feed(&bytes, |f| if f.is_ok() { frames += 1 });
         prop_assert_eq!(frames, 0);
+    }
+
+    #[test]
+    fn a_session_takes_whatever_a_device_frames(
+        boot in any::<u32>(),
+        acked in prop_oneof![Just(0u32), Just(u32::MAX), any::<u32>()],
+        device_id in "[^\\x00-\\x1f]{1,16}",
+        frames in proptest::collection::vec(
+            (
+                prop_oneof![Just(Kind::Reading), Just(Kind::Hello), Just(Kind::Ack), Just(Kind::HelloRequest)],
+                prop_oneof![Just(0u32), Just(u32::MAX), 1u32..20, any::<u32>()],
+                proptest::collection::vec(any::<u8>(), 0..=MAX_PAYLOAD),
+            ),
+            0..12,
+        ),
+        cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..6),
+    ) {
+        // A hello first, so that readings are parsed, not only refused.
+        let mut out = [0u8; MAX_ENCODED];
+        let mut payload = [0u8; 80];
+        let hello = Hello { boot, acked, device_id: &device_id };
+        let mut line = Vec::new();
+        if let Ok(hello) = hello_payload(&hello, &mut payload) {
+            let n = opgraph_firmware_bridge::frame::encode(Kind::Hello, 0, hello, &mut out).unwrap();
+            line.extend_from_slice(&out[..n]);
+        }
+        for (kind, seq, payload) in &frames {
+            let n = opgraph_firmware_bridge::frame::encode(*kind, *seq, payload, &mut out).unwrap();
+            line.extend_from_slice(&out[..n]);
+        }
+        let mut points: Vec<usize> = cuts.iter().map(|i| i.index(line.len() + 1)).collect();
+        points.sort_unstable();
+        let mut session = Session::new("sensor");
+        let mut start = 0;
+        for end in points.into_iter().chain([line.len()]) {
+            // Stored or not, alternately: both paths of the host.
+            let step = session.feed(&line[start..end]);
+            if end % 2 == 0 {
+                session.stored(&step);
+            } else {
+                session.not_stored();
+            }
+            start = end;
+        }
     }
 }
