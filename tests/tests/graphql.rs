@@ -256,6 +256,38 @@ async fn all_twelve_root_fields_answer_with_their_sub_fields() {
     );
 }
 
+/// `n` aliases of `field`, as one query.
+fn aliased(n: usize, field: &str) -> String {
+    let fields: Vec<String> = (0..n).map(|i| format!("a{i}: {field}")).collect();
+    format!("{{ {} }}", fields.join(" "))
+}
+
+#[tokio::test]
+async fn aliases_cannot_multiply_what_one_query_reads() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let client = cloud.http();
+    let refused = |answer: &Value| {
+        answer["data"].is_null()
+            && answer["errors"][0]["message"].as_str().is_some_and(|m| m.contains("complex"))
+    };
+    // 200 lists of up to 1000 events: refused before anything is read.
+    let answer =
+        graphql(&client, &cloud, &aliased(200, "events(limit: 1000) { id }"), json!({})).await;
+    assert!(refused(&answer), "{answer}");
+    // Eleven aggregations over the last 30 days: refused.
+    let funnel = r#"funnel(steps: [{event: "a"}, {event: "b"}]) { windowMs }"#;
+    assert!(refused(&graphql(&client, &cloud, &aliased(11, funnel), json!({})).await));
+    // What a dashboard asks at once still answers: a full page of events
+    // with every field, and a few aggregations.
+    let dashboard = format!(
+        "{{ events(limit: 1000) {{ id event timestamp receivedAt actorId objectId traceId \
+         businessId trustTier actor object properties envelope }} {} }}",
+        aliased(4, funnel).trim_start_matches('{').trim_end_matches('}')
+    );
+    let answer = graphql(&client, &cloud, &dashboard, json!({})).await;
+    assert!(answer.get("errors").is_none(), "{answer}");
+}
+
 #[tokio::test]
 async fn introspection_errors_and_credentials() {
     let cloud = Cloud::start(&[]).await.unwrap();

@@ -56,9 +56,25 @@ pub fn schema() -> &'static ApiSchema {
     SCHEMA.get_or_init(|| {
         Schema::build(QueryRoot, EmptyMutation, EmptySubscription)
             .limit_depth(12)
-            .limit_complexity(10_000)
+            .limit_complexity(MAX_COMPLEXITY)
             .finish()
     })
+}
+
+/// The most a query may cost. A field costs 1, a list its rows (`limit`,
+/// default 100) times its selection, an aggregate [`AGGREGATE`] more:
+/// aliases cannot make one request read and send millions of rows, or run
+/// thousands of aggregations, which a rate limit per request would not
+/// see.
+const MAX_COMPLEXITY: usize = 100_000;
+/// What a root field that aggregates over a range of events (metrics,
+/// funnel, attribution, ...) costs besides its selection: ten fit in a
+/// query.
+const AGGREGATE: usize = 10_000;
+
+/// The rows a list field returns at most, as [`limit`] reads its argument.
+fn rows(limit: Option<i32>) -> usize {
+    limit.map_or(100, |n| usize::try_from(n.clamp(0, 1000)).unwrap_or(0))
 }
 
 /// What a resolver reaches: the app and the caller's workspace.
@@ -120,6 +136,7 @@ pub struct QueryRoot;
 impl QueryRoot {
     /// Recent events, newest first.
     #[allow(clippy::too_many_arguments)]
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn events(
         &self,
         ctx: &Context<'_>,
@@ -138,6 +155,7 @@ impl QueryRoot {
     }
 
     /// Persisted tracking plans, newest first.
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn tracking_plans(
         &self,
         ctx: &Context<'_>,
@@ -164,6 +182,7 @@ impl QueryRoot {
     }
 
     /// Reusable metric definitions, newest first.
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn metric_definitions(
         &self,
         ctx: &Context<'_>,
@@ -181,6 +200,7 @@ impl QueryRoot {
     /// optional series (`interval`: `hour` or `day`) and the definitions'
     /// values; as `POST /api/metrics/query` without snapshots.
     #[allow(clippy::too_many_arguments)]
+    #[graphql(complexity = "AGGREGATE + rows(limit).saturating_mul(child_complexity)")]
     async fn metrics(
         &self,
         ctx: &Context<'_>,
@@ -233,6 +253,7 @@ impl QueryRoot {
 
     /// Actors through ordered steps (2 to 10) within `windowMs` (default 7
     /// days); as `POST /api/funnels/query`.
+    #[graphql(complexity = "AGGREGATE + child_complexity")]
     async fn funnel(
         &self,
         ctx: &Context<'_>,
@@ -294,6 +315,7 @@ impl QueryRoot {
     /// Conversions credited to sources, campaigns, channels and entities
     /// (default model `LAST_TOUCH`); as `POST /api/attribution/query`.
     #[allow(clippy::too_many_arguments)]
+    #[graphql(complexity = "AGGREGATE + rows(limit).saturating_mul(child_complexity)")]
     async fn attribution(
         &self,
         ctx: &Context<'_>,
@@ -323,6 +345,7 @@ impl QueryRoot {
 
     /// Operating health of a business (default `default`); as
     /// `GET /api/businesses/{id}/health`.
+    #[graphql(complexity = "AGGREGATE + rows(limit).saturating_mul(child_complexity)")]
     async fn business_health(
         &self,
         ctx: &Context<'_>,
@@ -360,6 +383,7 @@ impl QueryRoot {
 
     /// What an agent (or robot) did: its events (by `actor.id`) and the
     /// runs it took part in, over a range (default 30 days).
+    #[graphql(complexity = "AGGREGATE + rows(limit).saturating_mul(child_complexity)")]
     async fn agent_performance(
         &self,
         ctx: &Context<'_>,
@@ -406,6 +430,7 @@ impl QueryRoot {
 
     /// The state of one workflow run (its `traceId`), from its run events;
     /// `null` when there are none.
+    #[graphql(complexity = "AGGREGATE + child_complexity")]
     async fn workflow_status(
         &self,
         ctx: &Context<'_>,
@@ -444,6 +469,7 @@ impl QueryRoot {
 
     /// Governance DecisionObjects, newest first; `status` filters
     /// (`draft`, `pending_approval`, `approved`, ...).
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn decision_objects(
         &self,
         ctx: &Context<'_>,
@@ -483,6 +509,7 @@ impl QueryRoot {
     }
 
     /// Enforcement receipts, newest first; `traceId` filters.
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn enforcement_receipts(
         &self,
         ctx: &Context<'_>,
@@ -513,6 +540,7 @@ impl QueryRoot {
     }
 
     /// Graph entities, the most recently seen first (beyond spec 2.5).
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn entities(
         &self,
         ctx: &Context<'_>,
@@ -541,6 +569,7 @@ impl QueryRoot {
 
     /// Relationships, the most recently seen first; of one node when
     /// `entityType` and `entityId` are given (beyond spec 2.5).
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn relationships(
         &self,
         ctx: &Context<'_>,
@@ -567,6 +596,7 @@ impl QueryRoot {
     }
 
     /// Proof-ready evidence packets, newest first (without their items).
+    #[graphql(complexity = "rows(limit).saturating_mul(child_complexity)")]
     async fn proof_trails(
         &self,
         ctx: &Context<'_>,
