@@ -565,8 +565,13 @@ async fn serve(
         }
         let mut copies = 0;
         if let Some(client) = leading.filter(|_| !publishes.is_empty()) {
+            // Held publishes are bounded like a batch: in count, and in
+            // bytes by the read-ahead (a device replaying large messages
+            // must not make a connection hold more).
+            let held_bytes: usize = publishes.iter().map(|p| p.payload.len()).sum();
             let last = closing.is_some()
                 || publishes.len() >= shared.batch_max
+                || held_bytes >= READ_AHEAD
                 || held_until.is_some_and(|until| until <= tokio::time::Instant::now());
             match shared.acked.leading_copies(client, &publishes, last) {
                 Some(n) => {
