@@ -51,6 +51,9 @@ use crate::usage::{QuotaHold, Usage};
 pub const MAX_BATCH_EVENTS: usize = 10_000;
 const MAX_GATEWAY_ID_LEN: usize = 200;
 const MAX_EVENT_ID_LEN: usize = 64;
+/// The highest sequence a batch may carry: what the stores hold
+/// (`i64::MAX`), thousands of years of events at any rate.
+const MAX_SEQUENCE: u64 = i64::MAX as u64;
 /// How long a batch that arrived ahead of its predecessor waits for it.
 const GAP_WAIT: Duration = Duration::from_secs(5);
 
@@ -122,7 +125,8 @@ impl ReadyBatch {
     /// Whether every sequence before it is covered by what was handed over
     /// up to `tail`, in its session: the store then applies those first.
     pub fn joins(&self, tail: Option<Tail>) -> bool {
-        matches!(tail, Some((epoch, last)) if epoch == self.ack.epoch && self.range.0 <= last + 1)
+        matches!(tail, Some((epoch, last))
+            if epoch == self.ack.epoch && self.range.0 <= last.saturating_add(1))
     }
 
     /// Moves `tail` past this batch, which is being handed over.
@@ -352,6 +356,12 @@ impl Receiver {
         let (first, last) = (batch.first_sequence, batch.last_sequence);
         if first == 0 || last < first {
             return Err(format!("invalid sequence range {first}..={last}"));
+        }
+        // The stores keep sequences as signed 64-bit integers.
+        if last > MAX_SEQUENCE {
+            return Err(format!(
+                "sequence range {first}..={last} passes the highest sequence, {MAX_SEQUENCE}"
+            ));
         }
         if batch.events.len() > MAX_BATCH_EVENTS {
             return Err(format!(

@@ -322,6 +322,28 @@ async fn grpc_refuses_bad_credentials_and_bad_batches() {
     assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
 }
 
+/// Sequences past what the stores hold (2^63 - 1) are refused, naming the
+/// range, and the stream carries on: the next batch on it is answered.
+#[tokio::test]
+async fn grpc_refuses_sequences_past_what_stores_hold() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let mut client = grpc(&cloud).await;
+    let e = hello(&mut client, &cloud.key, "gw-z").await.epoch;
+    let batches = vec![
+        batch("gw-z", e, (1, u64::MAX), &[1]),
+        batch("gw-z", e, (u64::MAX, u64::MAX), &[u64::MAX]),
+        batch("gw-z", e, (1, 1), &[1]),
+    ];
+    let acks = send_all(&mut client, &cloud.key, batches).await;
+    assert_eq!(acks.len(), 3, "{acks:?}");
+    for ack in &acks[..2] {
+        assert_eq!(ack.status, REJECTED, "{ack:?}");
+        assert!(ack.error.contains("sequence"), "{ack:?}");
+    }
+    assert_eq!((acks[2].status, acks[2].acked_sequence), (OK, 1), "{:?}", acks[2]);
+    assert_eq!(stored_ids(&cloud).await, ids([1]));
+}
+
 /// A batch that would pass the monthly quota is stored as far as it fits;
 /// its invalid events are counted once, those past the stored prefix when
 /// they come again.
