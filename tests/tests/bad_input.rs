@@ -3,7 +3,8 @@
 //! wrongly typed JSON bodies, nesting past any parser's patience, invalid
 //! UTF-8, odd path parameters and query strings. Each must be answered
 //! with a client error in the API's error shape, or a success, never a
-//! server error or a panic, and the cloud must keep serving.
+//! server error or a panic, and the cloud must keep serving. The same for
+//! every argument of every GraphQL root field.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::collections::HashMap;
@@ -325,4 +326,73 @@ async fn every_route_answers_bad_input_with_a_client_error(backend: Backend) {
     assert!(panics.is_empty(), "{panics:#?}");
 }
 
-opgraph_tests::both_backends!(every_route_answers_bad_input_with_a_client_error);
+/// Every argument of every GraphQL root field (as introspection lists
+/// them) set to the edges of its type: each answer is data or errors in
+/// GraphQL's shape with status 200, never an internal error.
+async fn every_graphql_argument_takes_its_edges(backend: Backend) {
+    let cloud = backend.start(&[("OPGRAPH_RATE_LIMIT_RPS", "0".to_owned())]).await.unwrap();
+    let http = client();
+    let introspect = json!({"query": "{ __schema { queryType { fields { name \
+        args { name type { name kind ofType { name kind ofType { name kind } } } } \
+        type { kind ofType { kind } } } } } }"});
+    let (status, schema) =
+        cloud.call(&http, &cloud.key, Method::POST, "/api/graphql", Some(&introspect)).await;
+    assert_eq!(status, StatusCode::OK, "{schema}");
+    let fields = schema["data"]["__schema"]["queryType"]["fields"].as_array().expect("fields");
+    // Times are 64-bit Ints here; limits 32-bit.
+    let ints =
+        ["0", "-1", "2147483647", "-2147483648", "9223372036854775807", "-9223372036854775808"];
+    let strings = [
+        "\"\"",
+        "\"\\u0000\"",
+        "\"%_*\"",
+        "\"\\u202e\\ud7ff\"",
+        &format!("\"{}\"", "x".repeat(5000)),
+    ];
+    let lists = ["[]", "[{event: \"\"}]", "[{event: \"a\", name: \"\\u0000\"}]"];
+    let mut problems = Vec::new();
+    let mut sent = 0;
+    for field in fields {
+        let name = field["name"].as_str().expect("a name");
+        for arg in field["args"].as_array().into_iter().flatten() {
+            let arg_name = arg["name"].as_str().expect("an argument name");
+            let ty = &arg["type"];
+            let named = ty["name"].as_str().or(ty["ofType"]["name"].as_str());
+            let edges: Vec<&str> = match (named, ty["kind"].as_str()) {
+                (Some("Int"), _) => ints.to_vec(),
+                (Some("String"), _) => strings.to_vec(),
+                (_, Some("LIST")) | (None, _) => lists.to_vec(),
+                _ => continue, // enums: validated by GraphQL itself
+            };
+            for edge in edges {
+                // `__typename` fits whatever the field returns.
+                let query =
+                    json!({"query": format!("{{ {name}({arg_name}: {edge}) {{ __typename }} }}")});
+                let (status, answer) =
+                    cloud.call(&http, &cloud.key, Method::POST, "/api/graphql", Some(&query)).await;
+                sent += 1;
+                let internal = answer["errors"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|e| e["extensions"]["code"] == "internal");
+                if status != StatusCode::OK || internal || answer.is_null() {
+                    problems.push(format!(
+                        "{name}({arg_name}: {}): {status} {answer}",
+                        &edge[..edge.len().min(40)]
+                    ));
+                }
+            }
+        }
+    }
+    assert!(sent > 100, "only {sent} queries");
+    assert!(problems.is_empty(), "{} of {sent}:\n{}", problems.len(), problems.join("\n"));
+    let (_, log) = cloud.cloud.process.stop().await.unwrap();
+    let panics: Vec<&String> = log.iter().filter(|l| l.contains("panicked")).collect();
+    assert!(panics.is_empty(), "{panics:#?}");
+}
+
+opgraph_tests::both_backends!(
+    every_route_answers_bad_input_with_a_client_error,
+    every_graphql_argument_takes_its_edges
+);
