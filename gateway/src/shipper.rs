@@ -319,7 +319,8 @@ impl Shipper {
 
         let c = self.config.clone();
         let mut in_flight: VecDeque<Flight> = VecDeque::with_capacity(c.max_in_flight);
-        let mut draft = Draft::new(acked + 1);
+        // Saturating: the ack is the cloud's word, whatever it says.
+        let mut draft = Draft::new(acked.saturating_add(1));
         let mut linger_until: Option<Instant> = None;
         let mut highest_sent = acked;
         // Bounded by cancellation: every pass either makes progress or
