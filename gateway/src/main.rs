@@ -21,15 +21,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OPGRAPH_LOG")
-                // rumqttd (the embedded broker) logs every connection at
-                // info and routine disconnects as errors.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    opgraph_gateway::telemetry::init_logging();
     // The workspace's one crypto provider, installed as the process default
     // so that nothing picks another one.
     let _ = rustls::crypto::ring::default_provider().install_default();

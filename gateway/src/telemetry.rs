@@ -15,10 +15,91 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
+use tracing::field::{Field, Visit};
+use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer, format};
+use tracing_subscriber::fmt::{FmtContext, MakeWriter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
 use crate::buffer::Buffer;
 use crate::source::SourceSet;
 use crate::source::health::SourceCollector;
 use crate::uplink::PathStats;
+
+/// Logs to stderr at `OPGRAPH_LOG` (`EnvFilter` syntax; default `info`,
+/// rumqttd at `warn`: the embedded broker logs every connection at info).
+pub fn init_logging() {
+    let levels = EnvFilter::try_from_env("OPGRAPH_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,rumqttd=warn"));
+    let layer = log_layer(std::io::stderr).with_filter(levels);
+    let _ = tracing_subscriber::registry().with(layer).try_init();
+}
+
+/// The gateway's log lines, written to `writer`: tracing's usual format,
+/// without the errors rumqttd (the embedded broker) logs for what is
+/// routine, `router-drop` with `Recv(Disconnected)` whenever a device
+/// disconnects cleanly and `connection-stop`. An operator would read a
+/// flood of them as a broken broker; its real failures stay. (Left out
+/// when formatting: tracing-subscriber's per-event filters of one layer
+/// can drop the next event on the same thread too.)
+pub fn log_layer<S, W>(writer: W) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer().with_writer(writer).event_format(WithoutNoise(format()))
+}
+
+struct WithoutNoise<F>(F);
+
+impl<S, N, F> FormatEvent<S, N> for WithoutNoise<F>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'w> FormatFields<'w> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        if routine_noise(event) {
+            return Ok(());
+        }
+        self.0.format_event(ctx, writer, event)
+    }
+}
+
+fn routine_noise(event: &tracing::Event<'_>) -> bool {
+    let meta = event.metadata();
+    if *meta.level() != tracing::Level::ERROR || meta.target() != "rumqttd::server::broker" {
+        return false;
+    }
+    let mut said = Said::default();
+    event.record(&mut said);
+    said.message == "connection-stop"
+        || (said.message == "router-drop" && said.error == "Recv(Disconnected)")
+}
+
+/// The message and `error` field of an event.
+#[derive(Default)]
+struct Said {
+    message: String,
+    error: String,
+}
+
+impl Visit for Said {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "error" => self.error = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
