@@ -631,6 +631,52 @@ mod tests {
         None
     }
 
+    /// Whatever a variable the cloud reads is set to, loading answers with
+    /// a config or the problem, never a panic. The variables are read from
+    /// this file, so a new one is covered as it is added.
+    #[test]
+    fn no_environment_value_makes_loading_panic() {
+        let source = include_str!("config.rs");
+        let mut names: Vec<&str> = source
+            .match_indices("\"OPGRAPH_")
+            .filter_map(|(at, _)| source[at + 1..].split('"').next())
+            .filter(|name| name.len() > "OPGRAPH_".len())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert!(names.len() > 30, "{names:?}");
+        let long = "x".repeat(10_000);
+        let edges = [
+            "",
+            " ",
+            "-1",
+            "0",
+            "18446744073709551616",
+            "1e400",
+            "NaN",
+            "16EiB",
+            "-1MiB",
+            "5000000000y",
+            "0s",
+            "\0",
+            &long,
+            "true",
+            "127.0.0.1:99999",
+            "[::1]:0",
+            "off",
+            "https://",
+            "og_",
+            "\u{202e}",
+        ];
+        for name in &names {
+            for edge in edges {
+                let env = |k: &str| (k == *name).then(|| edge.to_owned());
+                let loaded = std::panic::catch_unwind(|| Config::load(None, env).map(|_| ()));
+                assert!(loaded.is_ok(), "{name}={edge:?} panicked");
+            }
+        }
+    }
+
     #[test]
     fn unknown_key_is_reported_with_its_path() {
         let err = Config::parse("[http]\nadress = \"127.0.0.1:1\"\n").unwrap_err();

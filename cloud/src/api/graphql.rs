@@ -72,9 +72,10 @@ const MAX_COMPLEXITY: usize = 100_000;
 /// query.
 const AGGREGATE: usize = 10_000;
 
-/// The rows a list field returns at most, as [`limit`] reads its argument.
+/// The rows a list field returns at most: its [`limit`] (none when the
+/// argument is refused).
 fn rows(limit: Option<i32>) -> usize {
-    limit.map_or(100, |n| usize::try_from(n.clamp(0, 1000)).unwrap_or(0))
+    self::limit(limit).unwrap_or(0)
 }
 
 /// What a resolver reaches: the app and the caller's workspace.
