@@ -323,9 +323,10 @@ async fn grpc_refuses_bad_credentials_and_bad_batches() {
 }
 
 /// Sequences past what the stores hold (2^63 - 1) are refused, naming the
-/// range, and the stream carries on: the next batch on it is answered.
+/// range, and the stream (or QUIC connection) carries on: the next batch
+/// on it is answered.
 #[tokio::test]
-async fn grpc_refuses_sequences_past_what_stores_hold() {
+async fn sequences_past_what_stores_hold_are_refused() {
     let cloud = Cloud::start(&[]).await.unwrap();
     let mut client = grpc(&cloud).await;
     let e = hello(&mut client, &cloud.key, "gw-z").await.epoch;
@@ -342,6 +343,23 @@ async fn grpc_refuses_sequences_past_what_stores_hold() {
     }
     assert_eq!((acks[2].status, acks[2].acked_sequence), (OK, 1), "{:?}", acks[2]);
     assert_eq!(stored_ids(&cloud).await, ids([1]));
+
+    // The same on one QUIC connection, a stream per batch.
+    let (_endpoint, connection) = quic_connect(&cloud).await;
+    let e = quic_session(&connection, &cloud.key, "gw-zq").await.unwrap().epoch;
+    let mut mine = batch("gw-zq", e, (1, 1), &[1]);
+    mine.events[0].id = "evt_test00000000000000000200".into();
+    for bad in [
+        batch("gw-zq", e, (1, u64::MAX), &[1]),
+        batch("gw-zq", e, (u64::MAX, u64::MAX), &[u64::MAX]),
+    ] {
+        let ack = quic_send(&connection, &frame::encode_batch(&bad, 1).unwrap()).await;
+        assert_eq!(ack.status, REJECTED, "{ack:?}");
+        assert!(ack.error.contains("sequence"), "{ack:?}");
+    }
+    let ack = quic_send(&connection, &frame::encode_batch(&mine, 1).unwrap()).await;
+    assert_eq!((ack.status, ack.acked_sequence), (OK, 1), "{ack:?}");
+    assert_eq!(stored_ids(&cloud).await, ids([1, 200]));
 }
 
 /// A batch that would pass the monthly quota is stored as far as it fits;
