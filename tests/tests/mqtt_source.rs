@@ -146,22 +146,9 @@ async fn simulate_any(
     (output.status.success(), Sent { summary, reads, acked })
 }
 
-/// Every stored event named `event` (at most 1000).
-async fn events(cloud: &CloudProc) -> Vec<Value> {
-    let response = reqwest::Client::new()
-        .get(format!("{}/api/events?limit=1000&event={EVENT}", cloud.url))
-        .bearer_auth(TEST_BOOTSTRAP_KEY)
-        .send()
-        .await
-        .unwrap();
-    assert!(response.status().is_success());
-    let body: Value = response.json().await.unwrap();
-    body["events"].as_array().unwrap().clone()
-}
-
 async fn wait_events(cloud: &CloudProc, n: usize) -> Vec<Value> {
     eventually("the events in the cloud", DELIVERY_TIMEOUT, || async {
-        let events = events(cloud).await;
+        let events = cloud.events(EVENT).await;
         assert!(events.len() <= n, "more events stored than sent: {}", events.len());
         (events.len() == n).then_some(events)
     })
@@ -436,7 +423,7 @@ async fn killed_while_reads_flow(protocol: &str) {
 
     let gateway = start_gateway(&site, &password_env()).await;
     let events = eventually("every read in the cloud", DELIVERY_TIMEOUT, || async {
-        let events = events(&site.cloud).await;
+        let events = site.cloud.events(EVENT).await;
         let seqs: BTreeSet<u64> =
             events.iter().filter_map(|e| e["properties"]["seq"].as_u64()).collect();
         (seqs.len() == reads).then_some(events)
@@ -580,7 +567,7 @@ async fn ingest_endpoint_killed_while_reads_flow_loses_no_acknowledged_read() {
     // acknowledged read (and perhaps some stored but not yet acknowledged).
     let gateway = start_gateway(&site, &[]).await;
     let events = eventually("every acknowledged read in the cloud", DELIVERY_TIMEOUT, || async {
-        let events = events(&site.cloud).await;
+        let events = site.cloud.events(EVENT).await;
         let seqs: BTreeSet<u64> =
             events.iter().filter_map(|e| e["properties"]["seq"].as_u64()).collect();
         acked.is_subset(&seqs).then_some(events)
