@@ -35,7 +35,7 @@ pub struct HttpConfig {
     /// port, printed as `listening http=...`. Env `OPGRAPH_HTTP_ADDR`.
     pub addr: SocketAddr,
     /// Largest request body accepted; larger ones get 413 before parsing.
-    /// Default `1MiB`. Env `OPGRAPH_BODY_LIMIT`.
+    /// Default `1MiB`; `1KiB` to `1GiB`. Env `OPGRAPH_BODY_LIMIT`.
     pub body_limit: ByteSize,
     /// Base of the public links the API hands out (the `scanUrl` of a
     /// trackable, which its QR code encodes), e.g. `https://go.example.com`:
@@ -88,7 +88,7 @@ pub struct StoreConfig {
     /// Page cache of the embedded store's writer. Each event updates
     /// indexes keyed by random ids; once they outgrow this cache, the
     /// writer spends its time reading pages back. Allocated as used, so
-    /// a small store stays small. Default `256MiB`, at least `4MiB`. Env
+    /// a small store stays small. Default `256MiB`; `4MiB` to `1TiB`. Env
     /// `OPGRAPH_WRITER_CACHE`.
     pub writer_cache: ByteSize,
 }
@@ -263,7 +263,7 @@ pub struct WebhooksConfig {
     /// How long the delivery log keeps an attempt (and a delivery still
     /// unfinished stays due): older ones are deleted, checked every
     /// quarter of this (at most hourly). Default `30days`; `0s` keeps
-    /// everything. Env `OPGRAPH_WEBHOOK_LOG_RETENTION`.
+    /// everything; at most `3650days`. Env `OPGRAPH_WEBHOOK_LOG_RETENTION`.
     #[serde(with = "humantime_serde")]
     pub log_retention: Duration,
     /// How long past its next attempt's due time a delivery stays with the
@@ -507,8 +507,10 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.http.body_limit.as_u64() < 1024 {
-            return Err(problem("http.body_limit", "must be at least 1KiB"));
+        // A body is held whole while it is parsed; the ceilings below only
+        // catch a unit typed wrong, so that it is not read as "no limit".
+        if !(ByteSize::kib(1)..=ByteSize::gib(1)).contains(&self.http.body_limit) {
+            return Err(problem("http.body_limit", "must be 1KiB to 1GiB"));
         }
         if self.store.kind == StoreKind::Clickhouse && self.store.clickhouse_url.is_none() {
             return Err(problem(
@@ -543,8 +545,8 @@ impl Config {
         if self.store.group_commit_window > Duration::from_secs(1) {
             return Err(problem("store.group_commit_window", "must be at most 1s"));
         }
-        if self.store.writer_cache < ByteSize::mib(4) {
-            return Err(problem("store.writer_cache", "must be at least 4MiB"));
+        if !(ByteSize::mib(4)..=ByteSize::tib(1)).contains(&self.store.writer_cache) {
+            return Err(problem("store.writer_cache", "must be 4MiB to 1TiB"));
         }
         if let Some(key) = &self.auth.bootstrap_key
             && !crate::auth::looks_like_api_key(key)
@@ -611,6 +613,12 @@ impl Config {
             return Err(problem(
                 "webhooks.lease",
                 "must be longer than exports.timeout (an attempt's limit) and at most 1h",
+            ));
+        }
+        if self.webhooks.log_retention > Duration::from_secs(3650 * 24 * 3600) {
+            return Err(problem(
+                "webhooks.log_retention",
+                "must be at most 3650days (0s: keep everything)",
             ));
         }
         if self.webhooks.anomaly_interval > Duration::from_secs(3600) {
@@ -700,6 +708,54 @@ mod tests {
             .unwrap();
         assert_eq!(config.http.addr.port(), 0);
         assert_eq!(config.http.body_limit, ByteSize::mib(2));
+    }
+
+    /// Every duration and size of the example, set far past any sane
+    /// value, is refused under its own key: a unit typed wrong is never
+    /// read as "no limit".
+    #[test]
+    fn every_duration_and_size_has_a_ceiling() {
+        let text = include_str!("../../deploy/cloud.example.toml");
+        Config::parse(text).unwrap().validate().unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut checked = Vec::new();
+        for (n, line) in lines.iter().enumerate() {
+            let Some((key, value)) = line.split_once(" = ").filter(|_| !line.starts_with('#'))
+            else {
+                continue;
+            };
+            let value = value.trim().trim_matches('"');
+            if value.parse::<f64>().is_ok() {
+                continue; // humantime reads a bare 0 as a duration
+            }
+            let huge = if humantime_serde::re::humantime::parse_duration(value).is_ok() {
+                "\"18446744073709551615s\""
+            } else if value.parse::<ByteSize>().is_ok() && value.ends_with('B') {
+                "\"16EiB\""
+            } else {
+                continue;
+            };
+            let mut changed = lines.clone();
+            let replaced = format!("{key} = {huge}");
+            changed[n] = &replaced;
+            let refused = Config::parse(&changed.join("\n")).and_then(|c| c.validate());
+            let err = refused.expect_err(&format!("line {}: {key} = {huge} accepted", n + 1));
+            assert!(err.key.ends_with(key), "line {}: {key} = {huge}: {err}", n + 1);
+            checked.push(key);
+        }
+        assert_eq!(
+            checked,
+            [
+                "body_limit",
+                "group_commit_window",
+                "writer_cache",
+                "timeout",
+                "retry_base",
+                "anomaly_interval",
+                "log_retention",
+                "lease"
+            ]
+        );
     }
 
     #[test]

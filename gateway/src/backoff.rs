@@ -10,6 +10,24 @@ use std::time::Duration;
 
 use rand::Rng;
 
+/// Longest accepted `backoff_initial` and `backoff_max`: a peer that is
+/// back should not wait longer than this to be noticed.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+
+/// The problems of a `backoff_initial` .. `backoff_max` pair, each under
+/// its key. Every reconnecting loop's table checks its pair here, so a
+/// zero step (a loop that retries flat out) is refused everywhere alike.
+pub fn problems(initial: Duration, max: Duration) -> Vec<String> {
+    let mut problems = Vec::new();
+    if initial.is_zero() || initial > MAX_BACKOFF {
+        problems.push("backoff_initial: must be above 0 and at most 1h".to_owned());
+    }
+    if max < initial || max > MAX_BACKOFF {
+        problems.push("backoff_max: must be at least backoff_initial and at most 1h".to_owned());
+    }
+    problems
+}
+
 /// Backoff state of one reconnecting loop.
 #[derive(Debug, Clone)]
 pub struct Backoff {

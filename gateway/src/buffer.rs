@@ -217,6 +217,7 @@ pub struct BufferConfig {
     /// before it returns a retryable error. Default `5s`. Meanwhile the
     /// writer retries with a capped backoff and the buffer reports itself
     /// degraded. Longer keeps devices waiting; shorter makes them retry.
+    /// At most `10min`.
     #[serde(with = "humantime_serde")]
     pub io_error_wait: Duration,
 }
@@ -274,6 +275,12 @@ impl BufferConfig {
             problems.push(format!(
                 "fsync_interval: {:?} is above the maximum of 60s (appends wait that long)",
                 self.fsync_interval
+            ));
+        }
+        if self.io_error_wait > Duration::from_secs(600) {
+            problems.push(format!(
+                "io_error_wait: {:?} is above the maximum of 10min (appends wait that long)",
+                self.io_error_wait
             ));
         }
         if self.fsync_settle > self.fsync_interval {

@@ -50,7 +50,8 @@ pub struct HttpConfig {
     /// http=...`. The ingest endpoint takes no credential: keep it on a
     /// trusted network. Env `OPGRAPH_GATEWAY_HTTP_ADDR`.
     pub addr: SocketAddr,
-    /// Largest ingest body; larger ones get 413. Default `1MiB`.
+    /// Largest ingest body; larger ones get 413. Default `1MiB`; `1KiB` to
+    /// `256MiB`.
     pub body_limit: ByteSize,
     /// Most ingest bodies parsed into events at once; later requests wait
     /// holding only their body. Parsing is CPU work, so more than the cores
@@ -82,6 +83,10 @@ impl Default for Config {
         }
     }
 }
+
+/// Largest `http.body_limit`: a body is held whole and parsed into events
+/// several times its size, `ingest_concurrency` at once.
+pub const MAX_BODY_LIMIT: u64 = 256 * 1024 * 1024;
 
 /// Longest gateway id (the cloud's limit).
 pub const MAX_GATEWAY_ID_LEN: usize = 200;
@@ -150,8 +155,8 @@ impl Config {
         if self.shutdown_flush > Duration::from_secs(600) {
             problems.push("shutdown_flush: must be at most 10min".to_owned());
         }
-        if self.http.body_limit.as_u64() < 1024 {
-            problems.push("http.body_limit: must be at least 1KiB".to_owned());
+        if !(1024..=MAX_BODY_LIMIT).contains(&self.http.body_limit.as_u64()) {
+            problems.push("http.body_limit: must be 1KiB to 256MiB".to_owned());
         }
         if !(1..=1024).contains(&self.http.ingest_concurrency) {
             problems.push("http.ingest_concurrency: must be 1 to 1024".to_owned());
@@ -343,6 +348,110 @@ mod tests {
             }
         }
         assert!(tried > 1000, "only {tried} variants");
+    }
+
+    /// The example with one table of each source kind it lacks, every
+    /// duration of theirs written out.
+    fn example_with_every_source() -> String {
+        let example = include_str!("../../deploy/gateway.example.toml");
+        format!(
+            "{example}\n\
+             [sources.mqtt_ingest.rules.throttle]\nmin_interval = \"1s\"\nmax_interval = \"30s\"\n\
+             [[sources.serial]]\nname = \"dock\"\npath = \"/dev/ttyUSB0\"\nprotocol = \"rfid_line\"\n\
+             device = {{ type = \"reader\", id = \"dock\" }}\ndwell = \"1s\"\ndepart_after = \"3s\"\n\
+             backoff_initial = \"200ms\"\nbackoff_max = \"10s\"\nmax_clock_skew = \"5min\"\n\
+             [[sources.firmware]]\nname = \"fw\"\nport = {{ path = \"/dev/ttyACM0\" }}\n\
+             backoff_initial = \"200ms\"\nbackoff_max = \"10s\"\nmax_clock_skew = \"5min\"\n\
+             [[sources.modbus]]\nname = \"press\"\ntcp = \"127.0.0.1:502\"\npoll_interval = \"1s\"\n\
+             timeout = \"1s\"\nbackoff_initial = \"200ms\"\nbackoff_max = \"30s\"\n\
+             device = {{ type = \"plc\", id = \"press\" }}\n\
+             [[sources.modbus.registers]]\nname = \"t\"\ntable = \"holding_register\"\naddress = 0\n"
+        )
+    }
+
+    /// Every duration and size in every table, set far past any sane value,
+    /// is refused under its own key, except where a longer value only
+    /// means "never" and nothing is held for it: throttle intervals, clock
+    /// skew, and the buffer's disk bound (a full disk is its own case).
+    #[test]
+    fn every_duration_and_size_has_a_ceiling() {
+        let text = example_with_every_source();
+        let env = |k: &str| (k == "OPGRAPH_GATEWAY_API_KEY").then(|| "og_e0123456789abcdef".into());
+        let read = |text: &str| -> Result<Config> {
+            let mut config = Config::parse(text)?;
+            config.apply_env(env)?;
+            config.validate()?;
+            Ok(config)
+        };
+        read(&text).unwrap();
+        let unbounded = ["min_interval", "max_interval", "max_clock_skew", "max_bytes"];
+        let lines: Vec<&str> = text.lines().collect();
+        let mut checked = Vec::new();
+        for (n, line) in lines.iter().enumerate() {
+            let Some((key, value)) = line.split_once(" = ").filter(|_| !line.starts_with('#'))
+            else {
+                continue;
+            };
+            let Some(value) = value.split('#').next().map(|v| v.trim().trim_matches('"')) else {
+                continue;
+            };
+            if value.parse::<f64>().is_ok() {
+                continue; // humantime reads a bare 0 as a duration
+            }
+            let huge = if humantime::parse_duration(value).is_ok() {
+                "\"18446744073709551615s\""
+            } else if value.parse::<ByteSize>().is_ok() && value.ends_with('B') {
+                "\"16EiB\""
+            } else {
+                continue;
+            };
+            let mut changed = lines.clone();
+            let replaced = format!("{key} = {huge}");
+            changed[n] = &replaced;
+            let outcome = read(&changed.join("\n"));
+            let problems = match outcome {
+                Ok(_) if unbounded.contains(&key) => continue,
+                Ok(_) => panic!("line {}: {key} = {huge} accepted", n + 1),
+                Err(Error::InvalidConfig { problems }) => problems,
+                Err(other) => panic!("line {}: {key} = {huge}: {other:?}", n + 1),
+            };
+            let named =
+                problems.iter().any(|p| p.split(':').next().is_some_and(|at| at.ends_with(key)));
+            assert_eq!(
+                named,
+                !unbounded.contains(&key),
+                "line {}: {key} = {huge}: {problems:?}",
+                n + 1
+            );
+            checked.push(key);
+        }
+        for key in ["backoff_max", "poll_interval", "depart_after", "io_error_wait", "body_limit"] {
+            assert!(checked.contains(&key), "{key} not reached: {checked:?}");
+        }
+    }
+
+    /// A reconnecting loop with a zero first step would retry flat out.
+    #[test]
+    fn every_backoff_starts_above_zero() {
+        let text = example_with_every_source();
+        let mut config =
+            Config::parse(&text.replace("backoff_initial = \"200ms\"", "backoff_initial = \"0s\""))
+                .unwrap();
+        config.uplink.api_key = Secret("og_e0123456789abcdef".into());
+        let keys: Vec<String> = problems(config.validate())
+            .iter()
+            .filter_map(|p| p.split(':').next().map(str::to_owned))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "uplink.backoff_initial",
+                "sources.mqtt[0].backoff_initial",
+                "sources.modbus[0].backoff_initial",
+                "sources.serial[0].backoff_initial",
+                "sources.firmware[0].backoff_initial",
+            ],
+        );
     }
 
     #[test]

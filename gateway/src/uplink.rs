@@ -180,10 +180,11 @@ pub struct UplinkConfig {
     /// (the cloud's QUIC stream limit). More hides round-trip time on long
     /// links.
     pub max_in_flight: usize,
-    /// First reconnect delay. Default `200ms`.
+    /// First reconnect delay. Default `200ms`; above 0, at most `1h`.
     #[serde(with = "humantime_serde")]
     pub backoff_initial: Duration,
-    /// Longest reconnect delay. Default `30s`.
+    /// Longest reconnect delay. Default `30s`; at least `backoff_initial`,
+    /// at most `1h`.
     #[serde(with = "humantime_serde")]
     pub backoff_max: Duration,
     /// QUIC only: how the uplink reads packet loss. `loss_tolerant`
@@ -290,12 +291,7 @@ impl UplinkConfig {
                 problems.push(format!("{key}: must be between 1ms and 10min"));
             }
         }
-        if self.backoff_initial.is_zero() {
-            problems.push("backoff_initial: must be above 0".to_owned());
-        }
-        if self.backoff_max < self.backoff_initial {
-            problems.push("backoff_max: must be at least backoff_initial".to_owned());
-        }
+        problems.extend(crate::backoff::problems(self.backoff_initial, self.backoff_max));
         problems
     }
 

@@ -42,7 +42,7 @@ pub struct FirmwareSourceConfig {
     /// gives. Default `device`.
     #[serde(default = "default_device_type")]
     pub device_type: String,
-    /// Reopen backoff. Defaults `200ms` .. `10s`.
+    /// Reopen backoff. Defaults `200ms` .. `10s`; each above 0, at most `1h`.
     #[serde(default = "serial::default_backoff_initial", with = "humantime_serde")]
     pub backoff_initial: Duration,
     #[serde(default = "serial::default_backoff_max", with = "humantime_serde")]
@@ -68,6 +68,7 @@ impl FirmwareSourceConfig {
         if self.device_type.trim().is_empty() {
             problems.push("device_type: must not be empty".to_owned());
         }
+        problems.extend(crate::backoff::problems(self.backoff_initial, self.backoff_max));
         problems
     }
 }

@@ -48,6 +48,11 @@ use value::{Order, ValueType};
 const MAX_REGISTERS: u16 = 125;
 /// Coils or discrete inputs one read may ask for (Modbus: 2000).
 const MAX_BITS: u16 = 2000;
+/// Longest `poll_interval`: a device read less often than daily is better
+/// served by a job than by a source.
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+/// Longest `timeout`, as for the uplink's.
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// One `[[sources.modbus]]` table: one device.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -63,10 +68,11 @@ pub struct ModbusSourceConfig {
     /// Unit (slave) id. Default 1.
     #[serde(default = "default_unit")]
     pub unit: u8,
-    /// Time between polls. Default `1s`.
+    /// Time between polls. Default `1s`; at most `24h`.
     #[serde(default = "default_poll", with = "humantime_serde")]
     pub poll_interval: Duration,
-    /// Bound on connecting and on each request. Default `1s`.
+    /// Bound on connecting and on each request. Default `1s`; at most
+    /// `10min`.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     /// `every_poll` (default): every poll is an event with every value;
@@ -81,7 +87,8 @@ pub struct ModbusSourceConfig {
     pub device: DeviceRef,
     /// The register map. At least one.
     pub registers: Vec<RegisterConfig>,
-    /// Reconnect backoff. Defaults `200ms` .. `30s`.
+    /// Reconnect backoff. Defaults `200ms` .. `30s`; each above 0, at most
+    /// `1h`.
     #[serde(default = "default_backoff_initial", with = "humantime_serde")]
     pub backoff_initial: Duration,
     #[serde(default = "default_backoff_max", with = "humantime_serde")]
@@ -208,11 +215,13 @@ impl ModbusSourceConfig {
             (Some(_), None) => {}
             _ => problems.push("tcp: give either tcp or rtu".to_owned()),
         }
-        for (key, d) in [("poll_interval", self.poll_interval), ("timeout", self.timeout)] {
-            if d.is_zero() {
-                problems.push(format!("{key}: must be more than 0"));
-            }
+        if self.poll_interval.is_zero() || self.poll_interval > MAX_POLL_INTERVAL {
+            problems.push("poll_interval: must be more than 0 and at most 24h".to_owned());
         }
+        if self.timeout.is_zero() || self.timeout > MAX_TIMEOUT {
+            problems.push("timeout: must be more than 0 and at most 10min".to_owned());
+        }
+        problems.extend(crate::backoff::problems(self.backoff_initial, self.backoff_max));
         if self.registers.is_empty() {
             problems.push("registers: at least one is needed".to_owned());
         }

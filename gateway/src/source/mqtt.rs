@@ -134,7 +134,8 @@ pub struct MqttSourceConfig {
     /// Client certificate and key for mutual TLS.
     pub client_cert_file: Option<PathBuf>,
     pub client_key_file: Option<PathBuf>,
-    /// Reconnect backoff: first delay (default `200ms`) and cap (`30s`).
+    /// Reconnect backoff: first delay (default `200ms`) and cap (`30s`),
+    /// each above 0 and at most `1h`.
     #[serde(with = "humantime_serde")]
     pub backoff_initial: Duration,
     #[serde(with = "humantime_serde")]
@@ -271,9 +272,7 @@ impl MqttSourceConfig {
         if !(1..=1000).contains(&self.batch_max) {
             problems.push("batch_max: must be 1 to 1000".to_owned());
         }
-        if self.backoff_initial.is_zero() || self.backoff_max < self.backoff_initial {
-            problems.push("backoff_initial: must be above 0 and at most backoff_max".to_owned());
-        }
+        problems.extend(crate::backoff::problems(self.backoff_initial, self.backoff_max));
         if self.rules.is_empty() {
             problems.push("rules: at least one rule is needed".to_owned());
         }

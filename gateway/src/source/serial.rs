@@ -67,10 +67,11 @@ pub struct SerialSourceConfig {
     /// RFID: how long a tag is in the field before its one read is reported.
     #[serde(default = "default_dwell", with = "humantime_serde")]
     pub dwell: Duration,
-    /// RFID: unseen this long, a tag has departed.
+    /// RFID: unseen this long, a tag has departed. Default `3s`; at most
+    /// `24h`.
     #[serde(default = "default_depart", with = "humantime_serde")]
     pub depart_after: Duration,
-    /// Reopen backoff. Defaults `200ms` .. `10s`.
+    /// Reopen backoff. Defaults `200ms` .. `10s`; each above 0, at most `1h`.
     #[serde(default = "default_backoff_initial", with = "humantime_serde")]
     pub backoff_initial: Duration,
     #[serde(default = "default_backoff_max", with = "humantime_serde")]
@@ -142,6 +143,11 @@ impl SerialSourceConfig {
         if self.dwell >= self.depart_after {
             problems.push("dwell: must be shorter than depart_after".to_owned());
         }
+        if self.depart_after > Duration::from_secs(24 * 3600) {
+            // Every tag seen stays in memory until it departs.
+            problems.push("depart_after: must be at most 24h".to_owned());
+        }
+        problems.extend(crate::backoff::problems(self.backoff_initial, self.backoff_max));
         problems
     }
 
