@@ -565,13 +565,8 @@ async fn serve(
         }
         let mut copies = 0;
         if let Some(client) = leading.filter(|_| !publishes.is_empty()) {
-            // Held publishes are bounded like a batch: in count, and in
-            // bytes by the read-ahead (a device replaying large messages
-            // must not make a connection hold more).
-            let held_bytes: usize = publishes.iter().map(|p| p.payload.len()).sum();
             let last = closing.is_some()
-                || publishes.len() >= shared.batch_max
-                || held_bytes >= READ_AHEAD
+                || held_is_full(&publishes, shared.batch_max)
                 || held_until.is_some_and(|until| until <= tokio::time::Instant::now());
             match shared.acked.leading_copies(client, &publishes, last) {
                 Some(n) => {
@@ -628,6 +623,15 @@ async fn serve(
             buf = small;
         }
     }
+}
+
+/// Whether publishes held to be told copies or new must be decided now,
+/// however the run would go on: they are bounded like a batch, in count,
+/// and in bytes by the read-ahead (a device replaying large messages must
+/// not make a connection hold more).
+fn held_is_full(publishes: &[Publish], batch_max: usize) -> bool {
+    let bytes: usize = publishes.iter().map(|p| p.payload.len()).sum();
+    publishes.len() >= batch_max || bytes >= READ_AHEAD
 }
 
 /// Maps and appends one batch of a connection, leaving out what a

@@ -683,3 +683,21 @@ fn batch_slots_are_validated() {
     assert_eq!(problems, ["max_connections: must be 1 to 100000"]);
     assert!(config(&[]).problems().is_empty());
 }
+
+/// A run held to be told copies or new is decided at a batch's count or
+/// at the read-ahead's bytes, not only when its wait is over: a device
+/// replaying large messages must not make its connection hold up to
+/// `batch_max` of them.
+#[test]
+fn held_publishes_are_bounded_in_count_and_bytes() {
+    let publish = |bytes: usize| {
+        Publish::new("readers/r1/tags", QoS::AtLeastOnce, Bytes::from(vec![b'x'; bytes]))
+    };
+    let small = vec![publish(100); 3];
+    assert!(!held_is_full(&small, 4));
+    assert!(held_is_full(&small, 3));
+    let half = READ_AHEAD / 2 + 1;
+    assert!(!held_is_full(&[publish(half)], 1000));
+    assert!(held_is_full(&[publish(half), publish(half)], 1000));
+    assert!(held_is_full(&[publish(READ_AHEAD)], 1000));
+}
