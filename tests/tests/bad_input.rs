@@ -4,7 +4,8 @@
 //! UTF-8, odd path parameters and query strings. Each must be answered
 //! with a client error in the API's error shape, or a success, never a
 //! server error or a panic, and the cloud must keep serving. The same for
-//! every argument of every GraphQL root field.
+//! every argument of every GraphQL root field. And the config files of
+//! both binaries: a value far past any sane one is refused under its key.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::collections::HashMap;
@@ -396,3 +397,143 @@ opgraph_tests::both_backends!(
     every_route_answers_bad_input_with_a_client_error,
     every_graphql_argument_takes_its_edges
 );
+
+/// The gateway's example with one table of each source kind it lacks,
+/// every duration of theirs written out.
+fn gateway_example_with_every_source() -> String {
+    let example = include_str!("../../deploy/gateway.example.toml");
+    format!(
+        "{example}\n\
+         [sources.mqtt_ingest.rules.throttle]\nmin_interval = \"1s\"\nmax_interval = \"30s\"\n\
+         [[sources.serial]]\nname = \"dock\"\npath = \"/dev/ttyUSB0\"\nprotocol = \"rfid_line\"\n\
+         device = {{ type = \"reader\", id = \"dock\" }}\ndwell = \"1s\"\ndepart_after = \"3s\"\n\
+         backoff_initial = \"200ms\"\nbackoff_max = \"10s\"\nmax_clock_skew = \"5min\"\n\
+         [[sources.firmware]]\nname = \"fw\"\nport = {{ path = \"/dev/ttyACM0\" }}\n\
+         backoff_initial = \"200ms\"\nbackoff_max = \"10s\"\nmax_clock_skew = \"5min\"\n\
+         [[sources.modbus]]\nname = \"press\"\ntcp = \"127.0.0.1:502\"\npoll_interval = \"1s\"\n\
+         timeout = \"1s\"\nbackoff_initial = \"200ms\"\nbackoff_max = \"30s\"\n\
+         device = {{ type = \"plc\", id = \"press\" }}\n\
+         [[sources.modbus.registers]]\nname = \"t\"\ntable = \"holding_register\"\naddress = 0\n"
+    )
+}
+
+/// Each duration or size `text` sets, as the text with that one value
+/// far past any sane one (`u64::MAX` seconds, 16 EiB), and its key.
+fn far_out_values(text: &str) -> Vec<(String, &str)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut variants = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let Some((key, value)) = line.split_once(" = ").filter(|_| !line.starts_with('#')) else {
+            continue;
+        };
+        let value = value.split('#').next().unwrap_or_default().trim().trim_matches('"');
+        // A number and a unit: "10ms", "30days", "256KiB".
+        let unit = value.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+        if unit.len() == value.len() || unit.is_empty() || !unit.chars().all(char::is_alphabetic) {
+            continue;
+        }
+        let far = if unit.ends_with('B') { "\"16EiB\"" } else { "\"18446744073709551615s\"" };
+        let mut changed = lines.clone();
+        let replaced = format!("{key} = {far}");
+        changed[n] = &replaced;
+        variants.push((changed.join("\n"), key));
+    }
+    variants
+}
+
+/// A problem's key path (before its first `:`) ends with `key`.
+fn names(problem: &str, key: &str) -> bool {
+    problem.split(':').next().is_some_and(|at| at.ends_with(key))
+}
+
+fn gateway_config(text: &str) -> Result<opgraph_gateway::config::Config, Vec<String>> {
+    let env = |k: &str| (k == "OPGRAPH_GATEWAY_API_KEY").then(|| "og_e0123456789abcdef".into());
+    let read = || {
+        let mut config = opgraph_gateway::config::Config::parse(text)?;
+        config.apply_env(env)?;
+        config.validate()?;
+        Ok(config)
+    };
+    read().map_err(|e| match e {
+        opgraph_gateway::error::Error::InvalidConfig { problems } => problems,
+        other => vec![other.to_string()],
+    })
+}
+
+/// Every duration and size in every table of the gateway's config, set
+/// far past any sane value, is refused under its own key, except where a
+/// longer value only means "never" and nothing is held for it (throttle
+/// intervals, clock skew) and the buffer's disk bound (a full disk is its
+/// own case).
+#[test]
+fn every_gateway_duration_and_size_has_a_ceiling() {
+    let text = gateway_example_with_every_source();
+    gateway_config(&text).unwrap();
+    let unbounded = ["min_interval", "max_interval", "max_clock_skew", "max_bytes"];
+    let mut checked = Vec::new();
+    for (changed, key) in far_out_values(&text) {
+        let problems = match gateway_config(&changed) {
+            Ok(_) if unbounded.contains(&key) => continue,
+            Ok(_) => panic!("{key} far out accepted"),
+            Err(problems) => problems,
+        };
+        let named = problems.iter().any(|p| names(p, key));
+        assert_eq!(named, !unbounded.contains(&key), "{key} far out: {problems:?}");
+        checked.push(key);
+    }
+    for key in ["backoff_max", "poll_interval", "depart_after", "io_error_wait", "body_limit"] {
+        assert!(checked.contains(&key), "{key} not reached: {checked:?}");
+    }
+    assert!(checked.len() > 25, "{checked:?}");
+}
+
+/// A reconnecting loop with a zero first step would retry flat out.
+#[test]
+fn every_gateway_backoff_starts_above_zero() {
+    let text = gateway_example_with_every_source()
+        .replace("backoff_initial = \"200ms\"", "backoff_initial = \"0s\"");
+    let problems = gateway_config(&text).unwrap_err();
+    let keys: Vec<&str> = problems.iter().filter_map(|p| p.split(':').next()).collect();
+    assert_eq!(
+        keys,
+        [
+            "uplink.backoff_initial",
+            "sources.mqtt[0].backoff_initial",
+            "sources.modbus[0].backoff_initial",
+            "sources.serial[0].backoff_initial",
+            "sources.firmware[0].backoff_initial",
+        ],
+    );
+}
+
+/// The same for every duration and size of the cloud's example config.
+#[test]
+fn every_cloud_duration_and_size_has_a_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cloud.toml");
+    let load = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        opgraph_cloud::config::Config::load(Some(&file), |_| None)
+    };
+    let text = include_str!("../../deploy/cloud.example.toml");
+    load(text).unwrap();
+    let mut checked = Vec::new();
+    for (changed, key) in far_out_values(text) {
+        let Err(problem) = load(&changed) else { panic!("{key} far out accepted") };
+        assert!(problem.key.ends_with(key), "{key} far out: {problem}");
+        checked.push(key);
+    }
+    assert_eq!(
+        checked,
+        [
+            "body_limit",
+            "group_commit_window",
+            "writer_cache",
+            "timeout",
+            "retry_base",
+            "anomaly_interval",
+            "log_retention",
+            "lease"
+        ]
+    );
+}
