@@ -10,6 +10,7 @@ needs=(
   "mosquitto mosquitto"    # external MQTT broker; tests start their own on loopback
   "mount mount"            # edge_faults mounts a small tmpfs as a full disk
   "pkill procps"           # procps brings /bin/kill, which the harness runs (`kill` alone is a shell builtin)
+  "systemd-analyze systemd"  # checks the units in deploy/systemd/ offline; nothing is started
   "clickhouse-server clickhouse-server"  # the ClickHouse store's tests start their own server on loopback
   "clickhouse-client clickhouse-client"  # raw-SQL baselines and debugging of those servers
   "python3 python3"        # runs the ClickHouse SQL check on chdb (below)

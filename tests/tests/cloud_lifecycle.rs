@@ -1,5 +1,6 @@
 //! Process-level behaviour: durability across `kill -9`, graceful SIGTERM,
-//! bad configuration, the example config, the generated bootstrap key.
+//! bad configuration, the example config, the generated bootstrap key; and
+//! both binaries run as the systemd units in `deploy/systemd/` run them.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use opgraph_tests::{Cloud, Process};
@@ -154,4 +155,131 @@ async fn first_start_prints_and_saves_a_working_operator_key() {
     // A restart keeps the workspace and prints no new key.
     let process = Process::start("opgraph-cloud", &[], &env, &["http"]).await.unwrap();
     assert!(process.banner.iter().all(|l| !l.starts_with("bootstrap api key")));
+}
+
+/// A unit file of `deploy/systemd/`.
+fn unit(name: &str) -> String {
+    let path = format!("{}/../deploy/systemd/{name}.service", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap()
+}
+
+/// The values of `key=` in a unit's text, in order.
+fn unit_values<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+    text.lines().filter_map(|line| line.strip_prefix(key)?.strip_prefix('=')).collect()
+}
+
+/// `5s`, `2min`, `60s` in seconds: the forms the unit and the examples use.
+fn seconds(value: &str) -> u64 {
+    let value = value.trim().trim_matches('"');
+    let digits = value.trim_end_matches(char::is_alphabetic);
+    let n: u64 = digits.parse().unwrap();
+    match &value[digits.len()..] {
+        "s" => n,
+        "min" => n * 60,
+        other => panic!("unit {other:?} of {value:?}"),
+    }
+}
+
+/// Each unit passes `systemd-analyze verify` without a warning: keys in
+/// the right sections, values systemd can read, an executable to run (the
+/// one built here, in place of the installed path).
+#[tokio::test]
+async fn systemd_units_verify_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["opgraph-gateway", "opgraph-cloud"] {
+        let installed = format!("/usr/local/bin/{name}");
+        let text = unit(name);
+        assert_eq!(unit_values(&text, "ExecStart")[0].split(' ').next(), Some(&*installed));
+        let built = opgraph_tests::binary(name).unwrap();
+        let path = dir.path().join(format!("{name}.service"));
+        std::fs::write(&path, text.replace(&installed, built.to_str().unwrap())).unwrap();
+        let output = tokio::process::Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&path)
+            .output()
+            .await
+            .expect(
+                "systemd-analyze (package systemd) is needed: deploy/scripts/install-test-deps.sh",
+            );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success() && stderr.trim().is_empty(), "{name}: {stderr}");
+    }
+}
+
+/// Each binary runs from its unit's command line and environment, with the
+/// deploy example as its config: it keeps its state in the unit's
+/// `StateDirectory`, stops on SIGTERM (systemd's stop) with success, well
+/// within `TimeoutStopSec`, and a bad config exits with a status the unit
+/// does not restart on.
+#[tokio::test]
+async fn the_binaries_run_as_their_systemd_units_say() {
+    let cases = [
+        ("opgraph-gateway", "gateway", "buffer/buffer-id"),
+        ("opgraph-cloud", "cloud", "bootstrap-key"),
+    ];
+    for (name, config, kept) in cases {
+        let text = unit(name);
+        let state = tempfile::tempdir().unwrap();
+        let state_dir = format!("/var/lib/{}", unit_values(&text, "StateDirectory")[0]);
+        let local = |value: &str| {
+            value
+                .replace(&state_dir, state.path().to_str().unwrap())
+                .replace(":1883", ":0")
+                .replace(":1884", ":0")
+        };
+        // The example config, with the unit's state directory and free ports.
+        let example = format!("{}/../deploy/{config}.example.toml", env!("CARGO_MANIFEST_DIR"));
+        let example = std::fs::read_to_string(example).unwrap();
+        let config_file = state.path().join(format!("{config}.toml"));
+        std::fs::write(&config_file, local(&example)).unwrap();
+        let exec = unit_values(&text, "ExecStart")[0];
+        let installed_config = format!("/etc/opgraph/{config}.toml");
+        let args: Vec<String> = exec
+            .split(' ')
+            .skip(1)
+            .map(|arg| {
+                if arg == installed_config {
+                    config_file.display().to_string()
+                } else {
+                    arg.to_owned()
+                }
+            })
+            .collect();
+        assert!(args.contains(&config_file.display().to_string()), "{exec}");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut env: Vec<(&str, String)> = unit_values(&text, "Environment")
+            .iter()
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(key, value)| (key, local(value)))
+            .collect();
+        // What an operator's EnvironmentFile would hold, and free ports.
+        env.extend([
+            ("OPGRAPH_GATEWAY_API_KEY", "og_unitfile0123456789abcdef".to_owned()),
+            ("OPGRAPH_GATEWAY_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+            ("OPGRAPH_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+            ("OPGRAPH_GRPC_ADDR", "127.0.0.1:0".to_owned()),
+            ("OPGRAPH_QUIC_ADDR", "127.0.0.1:0".to_owned()),
+        ]);
+        let process = Process::start(name, &args, &env, &["http"]).await.unwrap();
+        assert!(state.path().join(kept).exists(), "{name} kept no {kept} in its state directory");
+        let exit = process.terminate().await.unwrap();
+        assert!(exit.success(), "{name} stopped with {exit}");
+        let stop = seconds(unit_values(&text, "TimeoutStopSec")[0]);
+        let flush =
+            example.lines().find_map(|l| l.strip_prefix("shutdown_flush = ")).unwrap_or("0s");
+        assert!(
+            stop > seconds(flush),
+            "{name}: TimeoutStopSec {stop}s within shutdown_flush {flush}"
+        );
+
+        std::fs::write(&config_file, "no_such_key = 1\n").unwrap();
+        let output = tokio::process::Command::new(opgraph_tests::binary(name).unwrap())
+            .args(&args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .await
+            .unwrap();
+        let code = output.status.code().unwrap().to_string();
+        assert_eq!(unit_values(&text, "RestartPreventExitStatus"), [code.as_str()], "{name}");
+    }
 }
