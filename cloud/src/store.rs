@@ -230,6 +230,11 @@ pub trait Store:
         workspace_id: &str,
         request: AppendRequest,
     ) -> Result<AppendResult>;
+    /// Keeps `key` for [`IDEMPOTENCY_WINDOW_MS`] as naming a call that
+    /// stores no events (an export): within the window the same key with
+    /// another request is a conflict, and with the same request nothing
+    /// changes. One namespace with the keys of [`Self::append_events`].
+    async fn claim_idempotency_key(&self, workspace_id: &str, key: &IdempotencyKey) -> Result<()>;
     /// Newest first.
     async fn list_events(
         &self,

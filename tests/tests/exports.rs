@@ -564,22 +564,42 @@ async fn a_keyed_export_is_pushed_under_one_id(backend: Backend) {
     // Another key: another export.
     let other = send("nightly-2026-11-28").await.unwrap().json::<Value>().await.unwrap();
     assert_ne!(other["exportReceipt"]["id"], id.as_str());
-    // The same key with other records is another export too, pushed, not
-    // answered with the first one's receipt.
+    // The same key with other records is a 409: a key names one request,
+    // and B-2 is neither pushed nor answered with A-1's receipt.
+    let with_key = |key_value: &'static str, body: Value| {
+        client
+            .post(cloud.at("/api/exports/destinations"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", key_value)
+            .json(&body)
+            .send()
+    };
     let changed = json!({"destination": "https", "config": {"url": endpoint.url},
         "records": [{"sku": "B-2"}]});
+    let response = with_key("nightly-2026-11-27", changed.clone()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "conflict", "{error}");
+    assert_eq!(endpoint.received.lock().unwrap().len(), 3, "B-2 not pushed");
+    // A refused body does not take its key: the body put right goes out.
+    let bad = json!({"destination": "https", "config": {"url": endpoint.url},
+        "records": [{"sku": "C-3"}], "limit": 5});
+    let response = with_key("nightly-2026-11-29", bad).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let response = with_key("nightly-2026-11-29", changed).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(endpoint.received.lock().unwrap().len(), 4, "B-2 pushed under a new key");
+    // Keys are one namespace with ingest's: a key of an export names that
+    // export there too.
     let response = client
-        .post(cloud.at("/api/exports/destinations"))
+        .post(cloud.at("/api/ingest"))
         .bearer_auth(&key)
-        .header("Idempotency-Key", "nightly-2026-11-27")
-        .json(&changed)
+        .header("Idempotency-Key", "nightly-2026-11-29")
+        .json(&json!({"event": "export.noted"}))
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::CREATED);
-    let pushed: Value = response.json().await.unwrap();
-    assert_ne!(pushed["exportReceipt"]["id"], id.as_str(), "{pushed}");
-    assert_eq!(endpoint.received.lock().unwrap().len(), 4, "B-2 pushed");
+    assert_eq!(response.status(), StatusCode::CONFLICT);
 }
 
 /// A cloud that trusts `endpoint` and may reach it on loopback.

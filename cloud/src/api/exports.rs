@@ -29,7 +29,7 @@ use super::governance::parse_body;
 use super::{AppState, JsonBody};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, ErrorDetail, Result};
-use crate::governance::hash::{canonical_hash, sha256_hex};
+use crate::governance::hash::sha256_hex;
 use crate::outbound::{self, Answer};
 use crate::sigv4;
 use crate::store::governance::ExportReceipt;
@@ -81,6 +81,14 @@ pub struct FailedExport {
 pub struct ExportReceiptList {
     /// Newest first: destination exports and proof-trail pushes.
     pub export_receipts: Vec<ExportReceipt>,
+}
+
+/// What an export sends.
+enum Wanted {
+    /// The records of the request, checked.
+    Records(Vec<Value>),
+    /// The workspace's newest events, at most this many.
+    Events(usize),
 }
 
 /// Where a push goes, checked.
@@ -336,12 +344,13 @@ fn header(name: &str, value: &Value) -> Result<(HeaderName, HeaderValue)> {
 #[utoipa::path(
     post, path = "/api/exports/destinations", tag = "exports",
     request_body = DestinationExport,
-    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h push under the same export id, and answer a success again without pushing")),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retry within 24 h push under the same export id, and answer a success again without pushing; another body under the same key is a 409")),
     responses(
         (status = 201, description = "Pushed; the export receipt", body = ExportAnswer),
         (status = 400, description = "Unknown destination, a config field missing or invalid (named in `field`), a bad `limit` or `records`", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 403, description = "The credential lacks the `export` scope", body = ErrorBody),
+        (status = 409, description = "The Idempotency-Key was used for another request", body = ErrorBody),
         (status = 413, body = ErrorBody), (status = 415, body = ErrorBody),
         (status = 429, body = ErrorBody),
         (status = 502, description = "The destination failed; the export receipt records how", body = FailedExport),
@@ -355,9 +364,9 @@ pub async fn push(
     JsonBody(body): JsonBody,
 ) -> Result<Response> {
     principal.require(Scope::Export)?;
-    // A key names one request: the same key with another body is another
-    // export, never answered with the first one's receipt.
-    let keyed = super::ingest::idempotency_key(&headers)?.map(|key| (key, canonical_hash(&body)));
+    // A key names one request: the same key with another body within 24 h
+    // is a 409, never answered with the first one's receipt.
+    let keyed = super::ingest::keyed_request(&headers, &body)?;
     let input: DestinationExport = parse_body(body)?;
     let kind = check_config(input.destination.trim(), &input.config)?;
     let destination = match (kind, input.config.as_object()) {
@@ -366,13 +375,26 @@ pub async fn push(
         (kind, Some(config)) => Destination::Warehouse(warehouses::Warehouse::parse(kind, config)?),
         (_, None) => return Err(Error::validation("config", "`config` must be a JSON object")),
     };
+    // Checked before the key is claimed: a refused body leaves it free.
+    let wanted = match (input.records, input.limit) {
+        (Some(_), Some(_)) => {
+            return Err(Error::validation("limit", "give `limit` or `records`, not both"));
+        }
+        (Some(records), None) => Wanted::Records(supplied(records)?),
+        (None, None) => Wanted::Events(DEFAULT_LIMIT),
+        (None, Some(n)) if n >= 1 => {
+            Wanted::Events(usize::try_from(n).unwrap_or(MAX_RECORDS).min(MAX_RECORDS))
+        }
+        (None, Some(_)) => return Err(Error::validation("limit", "`limit` must be at least 1")),
+    };
     let ws = &principal.workspace_id;
     let now = crate::now_ms();
     let id = match &keyed {
         // The same id on every try: each destination drops a repeat by it
         // (Idempotency-Key, insertId, ClientToken, requestId, object key).
-        Some((key, request)) => {
-            let named = format!("{ws}\n{key}\n{request}");
+        Some(key) => {
+            state.store.claim_idempotency_key(ws, key).await?;
+            let named = format!("{ws}\n{}\n{}", key.key, key.request_hash);
             format!("exp_{}", &sha256_hex(named.as_bytes())[..26])
         }
         None => crate::ids::new_id("exp"),
@@ -388,19 +410,9 @@ pub async fn push(
             (StatusCode::CREATED, Json(ExportAnswer { export_receipt: done })).into_response()
         );
     }
-    let (source, records) = match (input.records, input.limit) {
-        (Some(_), Some(_)) => {
-            return Err(Error::validation("limit", "give `limit` or `records`, not both"));
-        }
-        (Some(records), None) => ("records", supplied(records)?),
-        (None, limit) => {
-            let limit = match limit {
-                None => DEFAULT_LIMIT,
-                Some(n) if n >= 1 => usize::try_from(n).unwrap_or(MAX_RECORDS).min(MAX_RECORDS),
-                Some(_) => {
-                    return Err(Error::validation("limit", "`limit` must be at least 1"));
-                }
-            };
+    let (source, records) = match wanted {
+        Wanted::Records(records) => ("records", records),
+        Wanted::Events(limit) => {
             let filter = EventFilter { limit, ..EventFilter::default() };
             let events = state.store.list_events(ws, &filter).await?;
             ("events", events.into_iter().map(|e| e.into_json()).collect())

@@ -856,6 +856,16 @@ impl Store for ClickHouseStore {
         events::append(self, workspace_id, request).await
     }
 
+    async fn claim_idempotency_key(
+        &self,
+        workspace_id: &str,
+        key: &super::IdempotencyKey,
+    ) -> Result<()> {
+        let lock = self.lock_for(workspace_id)?;
+        let _guard = lock.lock().await;
+        events::claim_key(self, workspace_id, key).await
+    }
+
     async fn list_events(
         &self,
         workspace_id: &str,

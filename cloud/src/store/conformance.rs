@@ -864,6 +864,25 @@ pub async fn appends_are_idempotent(store: &dyn Store) {
     let refused = store.append_events(WS, other).await;
     assert!(matches!(refused, Err(crate::error::Error::Conflict(_))), "{refused:?}");
     assert_eq!(count().await, before + 3);
+    // A key claimed by a call that stores no events (an export): the same
+    // request again is fine, another one is a conflict, here and in an
+    // append under the key; keys already used by appends are claimed too.
+    let export = |body: Value| crate::store::IdempotencyKey::new("key-2".into(), &body);
+    store.claim_idempotency_key(WS, &export(json!({"limit": 1}))).await.unwrap();
+    store.claim_idempotency_key(WS, &export(json!({"limit": 1}))).await.unwrap();
+    let refused = store.claim_idempotency_key(WS, &export(json!({"limit": 2}))).await;
+    assert!(matches!(refused, Err(crate::error::Error::Conflict(_))), "{refused:?}");
+    store.claim_idempotency_key(OTHER_WS, &export(json!({"limit": 2}))).await.unwrap();
+    let mut appended = keyed("evt_k5");
+    appended.idempotency_key = Some(export(json!({"limit": 2})));
+    let refused = store.append_events(WS, appended).await;
+    assert!(matches!(refused, Err(crate::error::Error::Conflict(_))), "{refused:?}");
+    let refused = store.claim_idempotency_key(WS, &"key-1".into()).await;
+    assert!(refused.is_ok(), "key-1 names the same (empty) request as its appends: {refused:?}");
+    let other = crate::store::IdempotencyKey::new("key-1".into(), &json!({"b": 1}));
+    let refused = store.claim_idempotency_key(WS, &other).await;
+    assert!(matches!(refused, Err(crate::error::Error::Conflict(_))), "{refused:?}");
+    assert_eq!(count().await, before + 3);
 
     // The quota limits what is new: with nothing left a replay is still
     // answered; new events past the limit refuse the whole call.

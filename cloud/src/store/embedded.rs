@@ -971,6 +971,15 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    async fn claim_idempotency_key(
+        &self,
+        workspace_id: &str,
+        key: &super::IdempotencyKey,
+    ) -> Result<()> {
+        let (ws, key) = (workspace_id.to_owned(), key.clone());
+        self.write(move |conn| events::claim_key(conn, &ws, &key)).await
+    }
+
     async fn list_events(
         &self,
         workspace_id: &str,

@@ -15,7 +15,8 @@ use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
 use crate::store::columns::{fold_case, number_at, search_text, text_at};
 use crate::store::{
-    AppendRequest, AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, NewEvent, StoredEvent,
+    AppendRequest, AppendResult, EventFilter, IDEMPOTENCY_WINDOW_MS, IdempotencyKey, NewEvent,
+    StoredEvent,
 };
 
 /// Ids looked up per query: keeps the SQL text far below ClickHouse's
@@ -472,38 +473,74 @@ pub(super) async fn append(
     request: AppendRequest,
 ) -> Result<AppendResult> {
     let now = crate::now_ms();
-    if let Some(key) = &request.idempotency_key {
-        let stored: Vec<IdempotencyRead> = run(store
-            .client
-            .query(
-                "SELECT argMax(response, created_at), max(created_at) FROM idempotency_keys
-                 WHERE workspace_id = ? AND key = ? GROUP BY workspace_id, key",
-            )
-            .bind(ws)
-            .bind(key.key.as_str())
-            .sent()
-            .fetch_all())
-        .await?;
-        if let Some(first) = stored.into_iter().next()
-            && now - first.created_at < IDEMPOTENCY_WINDOW_MS
-        {
-            return Ok(AppendResult { ids: key.replay(&first.response)?, inserted: 0 });
-        }
+    if let Some(key) = &request.idempotency_key
+        && let Some(ids) = replayed(store, ws, key, now).await?
+    {
+        return Ok(AppendResult { ids, inserted: 0 });
     }
     let rows = request.events.into_iter().map(|e| to_row(ws, e)).collect();
     let (ids, inserted) = store_rows(store, ws, rows, request.new_event_limit).await?;
     if let Some(key) = &request.idempotency_key {
-        let response = key.kept(&ids)?;
-        let row = IdempotencyRow {
-            workspace_id: ws,
-            key: &key.key,
-            response: &response,
-            created_at: now,
-        };
-        store.insert_rows::<IdempotencyRow<'_>>("idempotency_keys", &[row]).await?;
-        purge_expired_keys(store, now);
+        keep(store, ws, key, &ids, now).await?;
     }
     Ok(AppendResult { ids, inserted })
+}
+
+/// The first answer's ids kept under `key` within the window, or a
+/// conflict when they answered another request.
+async fn replayed(
+    store: &ClickHouseStore,
+    ws: &str,
+    key: &IdempotencyKey,
+    now: i64,
+) -> Result<Option<Vec<String>>> {
+    let stored: Vec<IdempotencyRead> = run(store
+        .client
+        .query(
+            "SELECT argMax(response, created_at), max(created_at) FROM idempotency_keys
+             WHERE workspace_id = ? AND key = ? GROUP BY workspace_id, key",
+        )
+        .bind(ws)
+        .bind(key.key.as_str())
+        .sent()
+        .fetch_all())
+    .await?;
+    match stored.into_iter().next() {
+        Some(first) if now - first.created_at < IDEMPOTENCY_WINDOW_MS => {
+            key.replay(&first.response).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Keeps `key` as answered by `ids` (the newest row of a key counts).
+async fn keep(
+    store: &ClickHouseStore,
+    ws: &str,
+    key: &IdempotencyKey,
+    ids: &[String],
+    now: i64,
+) -> Result<()> {
+    let response = key.kept(ids)?;
+    let row =
+        IdempotencyRow { workspace_id: ws, key: &key.key, response: &response, created_at: now };
+    store.insert_rows::<IdempotencyRow<'_>>("idempotency_keys", &[row]).await?;
+    purge_expired_keys(store, now);
+    Ok(())
+}
+
+/// [`crate::store::Store::claim_idempotency_key`]; the caller holds the
+/// workspace's lock.
+pub(super) async fn claim_key(
+    store: &ClickHouseStore,
+    ws: &str,
+    key: &IdempotencyKey,
+) -> Result<()> {
+    let now = crate::now_ms();
+    if replayed(store, ws, key, now).await?.is_none() {
+        keep(store, ws, key, &[], now).await?;
+    }
+    Ok(())
 }
 
 /// How often a process asks ClickHouse to delete expired idempotency keys:

@@ -138,21 +138,10 @@ pub(super) fn append(
     hints: Option<&Hints>,
 ) -> Result<AppendResult> {
     let now = crate::now_ms();
-    if let Some(key) = idempotency_key {
-        let stored: Option<(String, i64)> = conn
-            .query_row(
-                "SELECT response, created_at FROM idempotency_keys
-                 WHERE workspace_id = ?1 AND key = ?2",
-                params![ws, key.key],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(sql)?;
-        if let Some((response, created_at)) = stored
-            && now - created_at < IDEMPOTENCY_WINDOW_MS
-        {
-            return Ok(AppendResult { ids: key.replay(&response)?, inserted: 0 });
-        }
+    if let Some(key) = idempotency_key
+        && let Some(ids) = replayed(conn, ws, key, now)?
+    {
+        return Ok(AppendResult { ids, inserted: 0 });
     }
 
     let mut insert = conn.prepare_cached(INSERT_EVENT).map_err(sql)?;
@@ -270,20 +259,59 @@ pub(super) fn append(
         .map_err(sql)?;
     }
     if let Some(key) = idempotency_key {
-        let response = key.kept(&ids)?;
-        conn.execute(
-            "INSERT INTO idempotency_keys (workspace_id, key, response, created_at)
-             VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT DO UPDATE SET response = excluded.response,
-                created_at = excluded.created_at",
-            params![ws, key.key, response, now],
-        )
-        .map_err(sql)?;
+        keep(conn, ws, key, &ids, now)?;
     }
     if let Some(hints) = hints {
         hints.offer(hinted);
     }
     Ok(AppendResult { ids, inserted })
+}
+
+/// The first answer's ids kept under `key` within the window, or a
+/// conflict when they answered another request.
+fn replayed(
+    conn: &Connection,
+    ws: &str,
+    key: &IdempotencyKey,
+    now: i64,
+) -> Result<Option<Vec<String>>> {
+    let stored: Option<(String, i64)> = conn
+        .query_row(
+            "SELECT response, created_at FROM idempotency_keys
+             WHERE workspace_id = ?1 AND key = ?2",
+            params![ws, key.key],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(sql)?;
+    match stored {
+        Some((response, created_at)) if now - created_at < IDEMPOTENCY_WINDOW_MS => {
+            key.replay(&response).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Keeps `key` as answered by `ids`, replacing what an expired use left.
+fn keep(conn: &Connection, ws: &str, key: &IdempotencyKey, ids: &[String], now: i64) -> Result<()> {
+    conn.execute(
+        "INSERT INTO idempotency_keys (workspace_id, key, response, created_at)
+         VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT DO UPDATE SET response = excluded.response,
+            created_at = excluded.created_at",
+        params![ws, key.key, key.kept(ids)?, now],
+    )
+    .map_err(sql)?;
+    Ok(())
+}
+
+/// [`crate::store::Store::claim_idempotency_key`].
+pub(super) fn claim_key(conn: &Connection, ws: &str, key: &IdempotencyKey) -> Result<()> {
+    let now = crate::now_ms();
+    if replayed(conn, ws, key, now)?.is_none() {
+        keep(conn, ws, key, &[], now)?;
+    }
+    Ok(())
 }
 
 /// Keys past [`IDEMPOTENCY_WINDOW_MS`] answer nothing any more (a retry
