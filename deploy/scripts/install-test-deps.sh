@@ -9,6 +9,7 @@ needs=(
   "sqlite3 sqlite3"        # tamper tests edit the embedded store directly
   "mosquitto mosquitto"    # external MQTT broker; tests start their own on loopback
   "mount mount"            # edge_faults mounts a small tmpfs as a full disk
+  "mkfs.ext4 e2fsprogs"    # power-cut tests: ext4 on a loop device (tests/src/loop_disk.rs)
   "pkill procps"           # procps brings /bin/kill, which the harness runs (`kill` alone is a shell builtin)
   "systemd-analyze systemd"  # checks the units in deploy/systemd/ offline; nothing is started
   "clickhouse-server clickhouse-server"  # the ClickHouse store's tests start their own server on loopback

@@ -34,7 +34,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let uplink = uplink::build(&config.uplink)?;
     let buffer: Arc<dyn Buffer> = Arc::new(LogBuffer::open(config.buffer.clone()).await?);
     let buffer_id = buffer_instance_id(&config.buffer.dir)?;
-    let sources = match Sources::build(&config.sources, &buffer, &config.buffer.dir) {
+    let sources = match Sources::build(&config.sources, &buffer, &config.buffer) {
         Ok(sources) => sources,
         Err(e) => {
             let _ = buffer.close().await;

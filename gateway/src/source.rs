@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, BufferConfig};
 use crate::error::Result;
 
 pub use self::firmware::{FirmwareSource, FirmwareSourceConfig};
@@ -161,20 +161,20 @@ pub struct Sources {
 
 impl Sources {
     /// Builds every source (reading certificates) and starts the embedded
-    /// broker, which then accepts devices until the process ends.
-    /// `state_dir` keeps what sources remember across restarts (the
-    /// buffer's directory).
+    /// broker, which then accepts devices until the process ends. The
+    /// buffer's directory (`state`) keeps what sources remember across
+    /// restarts.
     pub fn build(
         config: &SourcesConfig,
         buffer: &Arc<dyn Buffer>,
-        state_dir: &std::path::Path,
+        state: &BufferConfig,
     ) -> Result<Sources> {
         let broker = config.mqtt_broker.as_ref().map(EmbeddedBroker::start).transpose()?;
         let mut sources = Vec::new();
         let mut health = Vec::new();
         for (i, c) in config.mqtt.iter().enumerate() {
             let path = format!("sources.mqtt[{i}]");
-            let source = MqttSource::build(c, broker.as_ref(), &path, Some(state_dir))?;
+            let source = MqttSource::build(c, broker.as_ref(), &path, Some(&state.dir))?;
             let h = Arc::new(SourceHealth::new(&c.name, "mqtt"));
             let intake = Intake::new(Arc::clone(buffer), Arc::clone(&h), c.max_clock_skew);
             health.push(h);
@@ -191,7 +191,7 @@ impl Sources {
         let mut listening = Vec::new();
         for (i, c) in config.mqtt_ingest.iter().enumerate() {
             let source =
-                MqttIngestSource::build(c, &format!("sources.mqtt_ingest[{i}]"), Some(state_dir))?;
+                MqttIngestSource::build(c, &format!("sources.mqtt_ingest[{i}]"), Some(state))?;
             listening.push((format!("mqtt-{}", c.name), source.local_addr()));
             let h = Arc::new(SourceHealth::new(&c.name, "mqtt_ingest"));
             let intake = Intake::new(Arc::clone(buffer), Arc::clone(&h), c.max_clock_skew);

@@ -12,6 +12,7 @@ pub mod bench;
 pub mod clickhouse;
 pub mod edge;
 pub mod https_endpoint;
+pub mod loop_disk;
 pub mod mosquitto;
 
 use std::collections::HashMap;

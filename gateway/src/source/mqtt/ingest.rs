@@ -45,6 +45,7 @@ use tokio_util::task::TaskTracker;
 use super::redelivery::{Fingerprint, state_file};
 use super::{append, appending_from, prepare, read_back};
 use crate::backoff::Backoff;
+use crate::buffer::{BufferConfig, FsyncPolicy};
 use crate::error::{Error, Result};
 use crate::source::mapping::{RuleConfig, RuleSet};
 use crate::source::{Intake, Source};
@@ -203,13 +204,14 @@ struct Shared {
 
 impl MqttIngestSource {
     /// Compiles the rules and binds the port (a taken port is an error
-    /// now, naming `path.listen`). `state_dir` (the buffer's directory)
-    /// keeps the journal of acknowledged messages; without it they are
-    /// remembered in memory only.
+    /// now, naming `path.listen`). The buffer's directory (`state`) keeps
+    /// the journal of acknowledged messages, synced as the buffer is
+    /// (unless its `fsync` is `never`); without it they are remembered in
+    /// memory only.
     pub fn build(
         config: &MqttIngestConfig,
         path: &str,
-        state_dir: Option<&Path>,
+        state: Option<&BufferConfig>,
     ) -> Result<MqttIngestSource> {
         let rules = RuleSet::compile(&config.rules, "rules").map_err(|p| Error::InvalidConfig {
             problems: p.into_iter().map(|p| format!("{path}.{p}")).collect(),
@@ -243,10 +245,13 @@ impl MqttIngestSource {
                 batch_max: config.batch_max,
                 resends_without_dup: config.resends_without_dup,
                 batches: Semaphore::new(config.max_concurrent_batches),
-                acked: match state_dir {
-                    Some(dir) => {
-                        Acked::open(&journal_path(dir, &config.name), &config.name, max_clients)
-                    }
+                acked: match state {
+                    Some(state) => Acked::open(
+                        &journal_path(&state.dir, &config.name),
+                        &config.name,
+                        max_clients,
+                        state.fsync != FsyncPolicy::Never,
+                    ),
                     None => Acked::in_memory(max_clients),
                 },
             }),
@@ -671,6 +676,9 @@ async fn store(
         let from_seq = appending_from(intake);
         shared.acked.appending(Batch { client: client.clone(), from_seq, records })
     });
+    if batch.is_some() {
+        shared.acked.synced().await;
+    }
     let records = records.into_iter().map(|(_, record)| record).collect();
     if !append(intake, records, backoff, shutdown).await {
         return false;

@@ -14,18 +14,24 @@
 //! buffer back and remembers the records it finds there, only those: a
 //! message is never taken for stored that is not.
 //!
-//! The journal is written without fsync, like the MQTT source's list: a
-//! process crash keeps it (the kernel has it), a power cut may not, and
-//! then copies are stored again (at least once, as without it). So are the
-//! records of an interrupted append that the uplink had already shipped
-//! (the buffer no longer holds them to be read back). It is compacted,
-//! rewritten as the memory it replays to, once it grew past twice that.
+//! A power cut keeps what was synced. Where the buffer is kept through
+//! one (its `fsync` is not `never`), each batch's *appending* entry is
+//! made durable before the batch is appended ([`Acked::synced`]), with
+//! one fdatasync for the entries of every connection written meanwhile:
+//! a batch the buffer holds is then always named, and a power cut leaves
+//! at worst a batch appending, which the next run reads back like a
+//! crash's. *Acknowledged* entries ride along with the next sync. What
+//! stays stored twice are the records of an interrupted append that the
+//! uplink had already shipped (the buffer no longer holds them to be read
+//! back). The journal is compacted, rewritten as the memory it replays
+//! to, once it grew past twice that; the rewrite is synced before it
+//! replaces the journal.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rumqttc::mqttbytes::QoS;
 use rumqttc::mqttbytes::v4::Publish;
@@ -55,6 +61,9 @@ const ACKNOWLEDGED: u8 = 2;
 #[derive(Debug)]
 pub(super) struct Acked {
     state: Mutex<State>,
+    /// Held by the one connection syncing the journal; the others wait and
+    /// then find their entries synced with it.
+    syncing: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +82,11 @@ struct State {
     /// Where the journal is kept, while it can be.
     path: Option<PathBuf>,
     journal: Option<Journal>,
+    /// Whether [`Acked::synced`] makes entries durable.
+    sync: bool,
+    /// Entries written so far, and how many of them are durable.
+    written: u64,
+    durable: u64,
 }
 
 /// A batch about to be appended: its client, where its records start at
@@ -90,7 +104,8 @@ pub(super) struct Batch {
 /// is compacted.
 #[derive(Debug)]
 struct Journal {
-    file: File,
+    /// Shared with a sync in progress, which runs without the lock.
+    file: Arc<File>,
     len: u64,
     compact_at: u64,
 }
@@ -102,10 +117,12 @@ impl Acked {
     }
 
     /// Remembers in the journal at `path` too, starting with what the last
-    /// run left there. A journal that cannot be read or written is logged
-    /// and leaves delivery at least once; it never stops the endpoint.
-    pub fn open(path: &Path, source: &str, max_clients: usize) -> Acked {
-        let mut state = State { max_clients, ..State::default() };
+    /// run left there; `sync`: through a power cut as well (see
+    /// [`Acked::synced`]). A journal that cannot be read or written is
+    /// logged and leaves delivery at least once; it never stops the
+    /// endpoint.
+    pub fn open(path: &Path, source: &str, max_clients: usize, sync: bool) -> Acked {
+        let mut state = State { max_clients, sync, ..State::default() };
         match std::fs::read(path) {
             Ok(bytes) => {
                 let read = state.replay(&bytes);
@@ -130,7 +147,47 @@ impl Acked {
     }
 
     fn with(state: State) -> Acked {
-        Acked { state: Mutex::new(state) }
+        Acked { state: Mutex::new(state), syncing: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Makes every entry written so far durable, when the journal is
+    /// synced: called after [`Acked::appending`] and before the append, so
+    /// that no batch reaches the buffer unnamed. One connection syncs at a
+    /// time; the entries others wrote meanwhile go with the next sync, one
+    /// fdatasync for all of them (group commit, as the buffer's).
+    pub async fn synced(&self) {
+        let wanted = {
+            let state = self.lock();
+            if !state.sync || state.durable >= state.written {
+                return;
+            }
+            state.written
+        };
+        let _one = self.syncing.lock().await;
+        let (file, written) = {
+            let state = self.lock();
+            match &state.journal {
+                Some(journal) if state.durable < wanted => {
+                    (Arc::clone(&journal.file), state.written)
+                }
+                // Synced by another connection, or no journal any more.
+                _ => return,
+            }
+        };
+        let done = tokio::task::spawn_blocking(move || file.sync_data()).await;
+        let mut state = self.lock();
+        match done {
+            Ok(Ok(())) => state.durable = state.durable.max(written),
+            Ok(Err(e)) => state.fail("sync", &e),
+            Err(e) => state.fail("sync", &std::io::Error::other(e)),
+        }
+    }
+
+    /// Entries written and entries durable.
+    #[cfg(test)]
+    pub fn journaled(&self) -> (u64, u64) {
+        let state = self.lock();
+        (state.written, state.durable)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -312,10 +369,11 @@ impl State {
         let Some(journal) = &mut self.journal else { return };
         // One write per entry: a crash leaves it whole or torn at the end,
         // where replaying stops.
-        if let Err(e) = journal.file.write_all(entry) {
+        if let Err(e) = (&*journal.file).write_all(entry) {
             self.fail("write", &e);
             return;
         }
+        self.written += 1;
         journal.len += entry.len() as u64;
         if journal.len >= journal.compact_at {
             self.compact();
@@ -336,13 +394,16 @@ impl State {
             bytes.extend(encode_appending(number, batch));
         }
         let tmp = path.with_extension("acked.tmp");
-        let rewritten = std::fs::write(&tmp, &bytes)
-            .and_then(|()| std::fs::rename(&tmp, path))
+        let rewritten = write_replacing(&tmp, path, &bytes, self.sync)
             .and_then(|()| OpenOptions::new().append(true).open(path));
         match rewritten {
             Ok(file) => {
                 let len = bytes.len() as u64;
+                let file = Arc::new(file);
                 self.journal = Some(Journal { file, len, compact_at: COMPACT_MIN.max(2 * len) });
+                if self.sync {
+                    self.durable = self.written;
+                }
             }
             Err(e) => self.fail("rewrite", &e),
         }
@@ -354,6 +415,22 @@ impl State {
         tracing::warn!(path = %path.display(), error = %e, "cannot {doing} the journal of acknowledged messages: after a crash, messages sent again may be stored twice");
         self.journal = None;
     }
+}
+
+/// Writes `bytes` to `tmp`, then renames it over `path`; with `sync`, so
+/// that a power cut leaves either file whole: the data before the rename,
+/// the rename before returning.
+fn write_replacing(tmp: &Path, path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
+    let mut file = File::create(tmp)?;
+    file.write_all(bytes)?;
+    if sync {
+        file.sync_data()?;
+    }
+    std::fs::rename(tmp, path)?;
+    if sync && let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The entry at `at`: kind, body and where the next starts; `None` at the
@@ -527,7 +604,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.acked");
         let (a, b, c) = (publish(1, "a"), publish(2, "b"), publish(3, "c"));
-        let acked = Acked::open(&path, "test", 10);
+        let acked = Acked::open(&path, "test", 10, true);
         let number = acked.appending(Batch {
             client: "dev-1".into(),
             from_seq: 0,
@@ -537,7 +614,7 @@ mod tests {
         acked.acknowledging("dev-2", None, std::slice::from_ref(&c));
         drop(acked);
 
-        let next = Acked::open(&path, "test", 10);
+        let next = Acked::open(&path, "test", 10, true);
         assert_eq!(next.interrupted_from(), None, "the batch was acknowledged");
         assert_eq!(next.resent("dev-1", &[a.clone(), b, c.clone()]), [true, true, false]);
         assert_eq!(next.resent("dev-2", std::slice::from_ref(&c)), [true]);
@@ -547,13 +624,48 @@ mod tests {
         assert_eq!(next.resent("dev-1", &[again]), [false]);
     }
 
+    /// Connections syncing at once all find their entries durable; a
+    /// journal kept as the buffer is under `fsync = "never"` is not synced.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn entries_are_durable_once_synced_by_any_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let acked = Arc::new(Acked::open(&dir.path().join("j.acked"), "test", 100, true));
+        let (written, durable) = acked.journaled();
+        assert_eq!(written, durable, "opening compacts, synced");
+        let tasks: Vec<_> = (0..20u16)
+            .map(|n| {
+                let acked = Arc::clone(&acked);
+                tokio::spawn(async move {
+                    let p = publish(n, &format!("r{n}"));
+                    let records = vec![record(&p)];
+                    acked.appending(Batch { client: format!("dev-{n}"), from_seq: 0, records });
+                    // At least this connection's entry, maybe others' too.
+                    let (mine, _) = acked.journaled();
+                    acked.synced().await;
+                    let (written, durable) = acked.journaled();
+                    assert!(mine <= durable && durable <= written, "{mine} {durable} {written}");
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let (written, durable) = acked.journaled();
+        assert_eq!((written, durable), (20, 20));
+
+        let unsynced = Acked::open(&dir.path().join("k.acked"), "test", 100, false);
+        unsynced.appending(Batch { client: "dev".into(), from_seq: 0, records: Vec::new() });
+        unsynced.synced().await;
+        assert_eq!(unsynced.journaled(), (1, 0));
+    }
+
     #[test]
     fn of_an_interrupted_append_only_what_the_buffer_holds_is_remembered() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.acked");
         let batch: Vec<Publish> = (1..=4).map(|n| publish(n, &format!("r{n}"))).collect();
         let other = publish(9, "other");
-        let acked = Acked::open(&path, "test", 10);
+        let acked = Acked::open(&path, "test", 10, true);
         acked.appending(Batch {
             client: "dev-1".into(),
             from_seq: 40,
@@ -567,7 +679,7 @@ mod tests {
         // The process dies in the appends.
         drop(acked);
 
-        let next = Acked::open(&path, "test", 10);
+        let next = Acked::open(&path, "test", 10, true);
         assert_eq!(next.interrupted_from(), Some(40));
         // The buffer holds the first two of dev-1's batch and someone
         // else's record; dev-2's never made it.
@@ -583,7 +695,7 @@ mod tests {
         drop(next);
         // What was recovered is in the journal, and nothing is read back
         // again.
-        let third = Acked::open(&path, "test", 10);
+        let third = Acked::open(&path, "test", 10, true);
         assert_eq!(third.interrupted_from(), None);
         assert_eq!(third.resent("dev-1", &batch[..2]), [true, true]);
     }
@@ -593,12 +705,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.acked");
         let a = publish(1, "a");
-        let acked = Acked::open(&path, "test", 10);
+        let acked = Acked::open(&path, "test", 10, true);
         acked.appending(Batch { client: "dev-1".into(), from_seq: 5, records: vec![record(&a)] });
         drop(acked);
         // Opened (compacted) and stopped before recovering.
-        drop(Acked::open(&path, "test", 10));
-        let next = Acked::open(&path, "test", 10);
+        drop(Acked::open(&path, "test", 10, true));
+        let next = Acked::open(&path, "test", 10, true);
         assert_eq!(next.interrupted_from(), Some(5));
         next.recover(&[Record { seq: 5, payload: Bytes::from_static(b"a") }]);
         assert_eq!(next.resent("dev-1", &[a]), [true]);
@@ -609,7 +721,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.acked");
         let (a, b) = (publish(1, "a"), publish(2, "b"));
-        let acked = Acked::open(&path, "test", 10);
+        let acked = Acked::open(&path, "test", 10, true);
         acked.acknowledging("dev-1", None, std::slice::from_ref(&a));
         let whole = std::fs::metadata(&path).unwrap().len();
         acked.acknowledging("dev-1", None, std::slice::from_ref(&b));
@@ -621,20 +733,20 @@ mod tests {
         bytes.extend_from_slice(&[7, 0, 0]);
         std::fs::write(&path, &bytes).unwrap();
 
-        let next = Acked::open(&path, "test", 10);
+        let next = Acked::open(&path, "test", 10, true);
         assert_eq!(next.resent("dev-1", &[a, b]), [true, false]);
         // Garbage from the start is no memory at all, and no panic.
         std::fs::write(&path, b"\xff\xff\xff\xff garbage").unwrap();
-        assert_eq!(Acked::open(&path, "test", 10).remembered(), (0, 0));
+        assert_eq!(Acked::open(&path, "test", 10, true).remembered(), (0, 0));
         std::fs::write(&path, [16, 0, 0, 0]).unwrap();
-        assert_eq!(Acked::open(&path, "test", 10).remembered(), (0, 0));
+        assert_eq!(Acked::open(&path, "test", 10, true).remembered(), (0, 0));
     }
 
     #[test]
     fn the_journal_is_compacted_as_it_grows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j.acked");
-        let acked = Acked::open(&path, "test", 10);
+        let acked = Acked::open(&path, "test", 10, true);
         let mut largest = 0;
         // About 10 MiB of entries for two clients.
         for round in 0..10_000u32 {
@@ -645,7 +757,7 @@ mod tests {
         }
         assert!(largest <= COMPACT_MIN + 2048, "the journal grew to {largest} bytes");
         drop(acked);
-        let next = Acked::open(&path, "test", 10);
+        let next = Acked::open(&path, "test", 10, true);
         assert_eq!(next.remembered(), (2, 2 * ACKED_PER_CLIENT));
         let last = publish(99, "9999-99");
         assert_eq!(next.resent("dev-2", &[last]), [true]);
@@ -657,7 +769,7 @@ mod tests {
         // A directory where the journal should be: it cannot be written.
         let path = dir.path().join("j.acked");
         std::fs::create_dir(&path).unwrap();
-        let acked = Acked::open(&path, "test", 10);
+        let acked = Acked::open(&path, "test", 10, true);
         let a = publish(1, "a");
         acked.acknowledging("dev-1", None, std::slice::from_ref(&a));
         assert_eq!(acked.resent("dev-1", &[a]), [true]);
