@@ -13,19 +13,24 @@
 //!
 //! The gRPC run is repeated on the ClickHouse store, with fewer events.
 //!
-//! Power cut: the gateway is SIGKILLed at random moments while four
-//! producers append as fast as they can (50 times; `OPGRAPH_SOAK_KILLS`
-//! raises it). Every append that was acknowledged must be in the buffer,
-//! and sequence numbers must run on without gaps or reuse.
+//! Crashes and power cuts: four producers append to the gateway as fast
+//! as it takes them, its buffer on ext4 over a loop device, and at random
+//! moments (50 times; `OPGRAPH_SOAK_KILLS` raises it) the gateway is
+//! SIGKILLed, and every other time the power is cut first: the disk image
+//! is copied as it stands ([`LoopDisk::cut`]) and the next gateway runs
+//! on the copy, as after the power came back. Every append acknowledged
+//! before the crash or the cut must be in the buffer, and sequence numbers
+//! must run on without gaps or reuse.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use opgraph_gateway::buffer::{Buffer, BufferConfig, LogBuffer};
 use opgraph_tests::clickhouse::ClickHouse;
 use opgraph_tests::edge::{CloudProc, Gateway, Transport, eventually, gateway_config};
+use opgraph_tests::loop_disk::LoopDisk;
 use opgraph_tests::{Process, TEST_BOOTSTRAP_KEY};
 use prost::Message;
 use rand::{Rng, SeedableRng};
@@ -238,8 +243,8 @@ async fn clickhouse_exactly_once_under_loss_partitions_and_kills() {
 }
 
 /// Appends batches of 20 as fast as the gateway takes them; returns the ids
-/// it acknowledged before the gateway died.
-async fn produce(url: String, producer: usize) -> Vec<String> {
+/// it acknowledged before the gateway died, each with when its answer came.
+async fn produce(url: String, producer: usize) -> Vec<(String, Instant)> {
     let client = reqwest::Client::new();
     let mut acked = Vec::new();
     for round in 0.. {
@@ -255,41 +260,61 @@ async fn produce(url: String, producer: usize) -> Vec<String> {
             break;
         }
         let Ok(body) = response.json::<Value>().await else { break };
-        acked
-            .extend(body["ids"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()));
+        let at = Instant::now();
+        let ids = body["ids"].as_array().unwrap().iter();
+        acked.extend(ids.map(|v| (v.as_str().unwrap().to_owned(), at)));
     }
     acked
 }
 
 #[tokio::test]
-async fn power_cuts_lose_no_acknowledged_append_and_reuse_no_sequence() {
-    let kills: usize =
+async fn crashes_and_power_cuts_lose_no_acknowledged_append_and_reuse_no_sequence() {
+    let rounds: usize =
         std::env::var("OPGRAPH_SOAK_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let mut disk = match LoopDisk::format(256) {
+        Ok(disk) => disk,
+        Err(reason) => {
+            println!("skipping the crash and power-cut test: {reason} (needs root, loop devices)");
+            return;
+        }
+    };
     let tmp = tempfile::tempdir().unwrap();
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    // An uplink that never answers: everything stays in the buffer.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let config =
-        gateway_config(&gw_dir, Transport::Grpc, &dead.to_string(), &gw_dir.join("none.pem"), "");
+    let ca = tmp.path().join("none.pem");
     std::fs::write(
-        gw_dir.join("none.pem"),
+        &ca,
         rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap().cert.pem(),
     )
     .unwrap();
+    // An uplink that never answers: everything stays in the buffer.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(2026);
     let mut acknowledged = Vec::new();
-    for _ in 0..kills {
+    for round in 0..rounds {
+        let gw_dir = disk.path().join("gateway");
+        std::fs::create_dir_all(&gw_dir).unwrap();
+        let config = gateway_config(&gw_dir, Transport::Grpc, &dead.to_string(), &ca, "");
         let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
         let producers: Vec<_> =
             (0..4).map(|p| tokio::spawn(produce(gateway.url.clone(), p))).collect();
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..120))).await;
+        // What was acknowledged before the cut must be on the copy; what
+        // came after happened on a disk that is gone.
+        let cut = Instant::now();
+        let after_cut = (round % 2 == 1).then(|| disk.cut().unwrap());
         gateway.process.kill9().await.unwrap();
         for producer in producers {
-            acknowledged.extend(producer.await.unwrap());
+            let acked = producer.await.unwrap().into_iter();
+            match after_cut {
+                Some(_) => acknowledged.extend(acked.filter(|(_, at)| *at < cut).map(|(id, _)| id)),
+                None => acknowledged.extend(acked.map(|(id, _)| id)),
+            }
+        }
+        if let Some(after_cut) = after_cut {
+            disk = after_cut;
         }
     }
-    assert!(acknowledged.len() > kills * 20, "the producers got appends through");
+    let gw_dir = disk.path().join("gateway");
+    assert!(acknowledged.len() > rounds * 20, "the producers got appends through");
 
     let buffer = LogBuffer::open(BufferConfig::with_dir(gw_dir.join("buffer"))).await.unwrap();
     let mut from = 1;
