@@ -68,6 +68,9 @@ pub struct FleetConfig {
     pub client_prefix: String,
     pub username: Option<String>,
     pub password: Option<String>,
+    /// Persistent sessions (clean session off): what a device that wants
+    /// its unacknowledged messages delivered after a reconnect asks for.
+    pub persistent: bool,
 }
 
 impl Default for FleetConfig {
@@ -83,6 +86,7 @@ impl Default for FleetConfig {
             client_prefix: "opgraph-sim-fleet".to_owned(),
             username: None,
             password: None,
+            persistent: false,
         }
     }
 }
@@ -251,7 +255,7 @@ pub async fn publish(
             MqttOptions::new(format!("{}-{}", config.client_prefix, device_name(i)), host, port);
         options
             .set_keep_alive(Duration::from_secs(30))
-            .set_clean_session(true)
+            .set_clean_session(!config.persistent)
             .set_inflight(config.inflight);
         if let Some(user) = &config.username {
             options.set_credentials(user.clone(), config.password.clone().unwrap_or_default());
@@ -565,6 +569,9 @@ pub struct FleetArgs {
     /// Client ids are PREFIX-DEVICE [default: opgraph-sim-fleet-SEED].
     #[arg(long)]
     pub client_prefix: Option<String>,
+    /// Persistent sessions (clean session off) instead of clean ones.
+    #[arg(long)]
+    pub persistent: bool,
 }
 
 impl FleetArgs {
@@ -587,6 +594,7 @@ impl FleetArgs {
                 .unwrap_or_else(|| format!("opgraph-sim-fleet-{seed}")),
             username: self.username.clone(),
             password: self.password.clone(),
+            persistent: self.persistent,
         }
     }
 

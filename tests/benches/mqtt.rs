@@ -71,7 +71,10 @@
 //! table, e.g. `batch_max_events = 1000`), `--search-every=MS` (0: off;
 //! during each gateway run, one event search every MS milliseconds, and a
 //! line with their latencies: a search waits for the cloud's search index
-//! to reach the events committed when it began).
+//! to reach the events committed when it began), `--persistent` (devices
+//! keep persistent sessions, which the endpoint journals, synced before
+//! each append, for copies sent again: docs/sources.md; the relay's
+//! devices too).
 //! Recorded numbers: BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a broken bench should fail loudly
 
@@ -112,6 +115,9 @@ struct Options {
     uplink: String,
     /// Pause between event searches during a gateway run; zero: none.
     search_every: Duration,
+    /// Devices with persistent sessions (the endpoint then journals what
+    /// it acknowledged to them).
+    persistent: bool,
 }
 
 impl Options {
@@ -128,6 +134,7 @@ impl Options {
             dir: None,
             uplink: String::new(),
             search_every: Duration::ZERO,
+            persistent: false,
         };
         for arg in std::env::args().skip(1) {
             let (k, v) = arg.split_once('=').unwrap_or((arg.as_str(), ""));
@@ -144,6 +151,7 @@ impl Options {
                 "--dir" => o.dir = Some(PathBuf::from(v)),
                 "--uplink" => o.uplink = v.to_owned(),
                 "--search-every" => o.search_every = Duration::from_millis(num(v)),
+                "--persistent" => o.persistent = true,
                 "--bench" => {}
                 other if !other.starts_with("--") => {} // a name filter: ignored
                 other => panic!("unknown option {other} (see the header of benches/mqtt.rs)"),
@@ -234,7 +242,10 @@ async fn relay(options: &Options, devices: usize) -> Relay {
     let (host, port) = split(&broker.addr());
     let subscriber =
         fleet::subscribe(&host, port, options.inflight, Duration::from_secs(10)).await.unwrap();
-    let config = fleet_config(devices, options.messages, options.inflight, "relay");
+    let config = FleetConfig {
+        persistent: options.persistent,
+        ..fleet_config(devices, options.messages, options.inflight, "relay")
+    };
     let (progress, fleet) = spawn_fleet(config, &broker.addr());
     let cpu = || broker.pid().map_or(0.0, cpu_seconds);
     let start = started(&progress).await;
@@ -291,7 +302,10 @@ async fn gateway(options: &Options, devices: usize) -> Intake {
     tokio::time::sleep(Duration::from_millis(500)).await; // uplink connected, idle
     let (idle_mb, _) = rss_mb(pid);
     let endpoint = gateway.process.addrs["mqtt-fleet"].clone();
-    let config = fleet_config(devices, options.messages, options.inflight, "gw");
+    let config = FleetConfig {
+        persistent: options.persistent,
+        ..fleet_config(devices, options.messages, options.inflight, "gw")
+    };
     let cloud_pid = cloud.process.child.id().unwrap();
     let cpu = || (cpu_seconds(pid), cpu_seconds(cloud_pid));
     let (progress, fleet) = spawn_fleet(config, &endpoint);
