@@ -174,7 +174,7 @@ impl Sources {
         let mut health = Vec::new();
         for (i, c) in config.mqtt.iter().enumerate() {
             let path = format!("sources.mqtt[{i}]");
-            let source = MqttSource::build(c, broker.as_ref(), &path, Some(&state.dir))?;
+            let source = MqttSource::build(c, broker.as_ref(), &path, Some(state))?;
             let h = Arc::new(SourceHealth::new(&c.name, "mqtt"));
             let intake = Intake::new(Arc::clone(buffer), Arc::clone(&h), c.max_clock_skew);
             health.push(h);

@@ -20,7 +20,7 @@ pub mod ingest;
 mod redelivery;
 mod session;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::mapping::{RuleConfig, RuleSet};
 use super::{Intake, Source, now_ms};
 use crate::backoff::Backoff;
-use crate::buffer::{Buffer, Record};
+use crate::buffer::{Buffer, BufferConfig, FsyncPolicy, Record};
 use crate::error::{Error, Result};
 use crate::uplink::Secret;
 use broker::EmbeddedBroker;
@@ -292,10 +292,10 @@ pub struct MqttSource {
     rules: RuleSet,
     batch_max: usize,
     backoff: Backoff,
-    /// Where the messages that may come again are kept across restarts;
-    /// `None` when they are not looked for or there is no directory to
-    /// keep them in.
-    redelivery_file: Option<PathBuf>,
+    /// Where the messages that may come again are kept across restarts,
+    /// and whether synced before each append; `None` when they are not
+    /// looked for or there is no directory to keep them in.
+    redelivery_file: Option<(PathBuf, bool)>,
     /// Whether to recognise messages sent again (`recognise_resends`, QoS
     /// 1, a persistent session, an external broker).
     recognise_resends: bool,
@@ -303,14 +303,15 @@ pub struct MqttSource {
 
 impl MqttSource {
     /// Builds the client options (reading certificates) and the rules.
-    /// `path` is the config key (`sources.mqtt[0]`) for errors; `state_dir`
-    /// the directory that keeps the source's state across restarts (the
-    /// buffer's).
+    /// `path` is the config key (`sources.mqtt[0]`) for errors; `state`
+    /// the buffer's configuration: its directory keeps the source's state
+    /// across restarts, synced as the buffer is (unless its `fsync` is
+    /// `never`).
     pub fn build(
         config: &MqttSourceConfig,
         embedded: Option<&EmbeddedBroker>,
         path: &str,
-        state_dir: Option<&Path>,
+        state: Option<&BufferConfig>,
     ) -> Result<MqttSource> {
         let invalid = |p: String| Error::InvalidConfig { problems: vec![format!("{path}.{p}")] };
         let rules = RuleSet::compile(&config.rules, "rules").map_err(|p| Error::InvalidConfig {
@@ -401,9 +402,9 @@ impl MqttSource {
             rules,
             batch_max: config.batch_max,
             backoff: Backoff::new(config.backoff_initial, config.backoff_max),
-            redelivery_file: state_dir
-                .filter(|_| recognise_resends)
-                .map(|dir| Redelivery::path(dir, &config.name)),
+            redelivery_file: state.filter(|_| recognise_resends).map(|state| {
+                (Redelivery::path(&state.dir, &config.name), state.fsync != FsyncPolicy::Never)
+            }),
             recognise_resends,
         })
     }
@@ -445,7 +446,7 @@ impl Source for MqttSource {
     async fn run(self: Box<Self>, intake: Intake, shutdown: CancellationToken) -> Result<()> {
         let this = *self;
         let redelivery = Arc::new(match &this.redelivery_file {
-            Some(path) => Redelivery::open(path, &this.name),
+            Some((path, sync)) => Redelivery::open(path, &this.name, *sync),
             None => Redelivery::in_memory(),
         });
         if let Some(from_seq) = redelivery.interrupted_append() {
@@ -659,6 +660,11 @@ async fn append(
     }
 }
 
+/// The tests crate's power-cut disk, for the power-cut tests of both MQTT
+/// sources: this crate cannot depend on that one.
+#[cfg(test)]
+#[path = "../../../tests/src/loop_disk.rs"]
+mod loop_disk;
 #[cfg(test)]
 mod resend_tests;
 

@@ -22,22 +22,32 @@
 //! listed until its batch is acknowledged: a stop in between leaves it
 //! unacknowledged, and the broker sends it again.
 //!
-//! The file is rewritten, without fsync, before and after each append and
-//! when a barrier covered something. Before an append it also names the
-//! batch ([`Appending`]: each message's fingerprint and its record's
-//! CRC-32C): a crash during the append (in its fsync, say) may leave some
-//! of the records in the buffer, unacknowledged, and the next run reads
-//! the buffer back to learn which. A message counts as stored only when
-//! the list says it was acknowledged or its record was found, so the list
-//! never makes a message be skipped that is not stored. What it misses
+//! The list is rewritten before and after each append and when a barrier
+//! covered something. Before an append it also names the batch
+//! ([`Appending`]: each message's fingerprint and its record's CRC-32C):
+//! a crash during the append (in its fsync, say) may leave some of the
+//! records in the buffer, unacknowledged, and the next run reads the
+//! buffer back to learn which. A message counts as stored only when the
+//! list says it was acknowledged or its record was found, so the list
+//! never makes a message be skipped that is not stored.
+//!
+//! That write before an append is synced before the append starts (unless
+//! the buffer's `fsync` is `never`), so that a power cut cannot keep the
+//! batch and lose the list naming it. The list alternates between two
+//! files, each write under a generation one above the last, into the file
+//! not holding the last synced list; the next run reads the readable one
+//! of the higher generation. A write that a power cut tears can then only
+//! lose what came after the last sync, which the synced list covers
+//! (naming at worst more than may come again). What the list misses
 //! leaves delivery at least once, as without it: records of an interrupted
-//! append that the uplink had already shipped (and the buffer dropped), and
-//! a power cut (the file is not synced). What it names in excess (acks read
+//! append that the uplink had already shipped (and the buffer dropped).
+//! What it names in excess (acks read
 //! since the last barrier) matters only if a device sends, as the first
 //! message after a reconnect or restart, one byte for byte equal to one of
 //! them: that message would be taken for a resend.
 
 use std::collections::{HashSet, VecDeque};
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -64,8 +74,10 @@ const BARRIER_PATIENCE: Duration = Duration::from_secs(60);
 /// subscribed may): each batch would cost a reconnect.
 pub(super) const CLOSED_ON_BARRIER: u32 = 3;
 
-/// The file's first bytes, naming its format.
-const MAGIC: &[u8; 4] = b"OGR2";
+/// A file's first bytes, naming its format: `OGR3` carries a generation,
+/// `OGR2` (written before there were two files) reads as generation 0.
+const MAGIC: &[u8; 4] = b"OGR3";
+const MAGIC_UNGENERATED: &[u8; 4] = b"OGR2";
 
 /// A message's identity: its payload length and a CRC-32C of topic and
 /// payload. Topics cannot hold NUL, which separates the two.
@@ -125,13 +137,27 @@ struct State {
     /// The batch being appended, until it is remembered as acknowledged;
     /// read back from the file after a crash, until recovered.
     appending: Option<Appending>,
-    file: Option<File>,
-    /// The file names no message (saves rewriting it empty).
+    files: Option<Files>,
+    /// The latest list written names no message (saves rewriting it
+    /// empty).
     file_empty: bool,
     /// The current connection, counted from 1 by the poller (0: none yet).
     connection: u64,
     /// Whether the broker kept the session for it.
     session_present: bool,
+}
+
+/// The list's two files (`<name>.unacked` and `<name>.unacked.b`).
+#[derive(Debug)]
+struct Files {
+    slots: [File; 2],
+    /// The slot of the last synced list (at open, of the list read): the
+    /// one never written over until another list is synced.
+    synced: usize,
+    /// The generation of the latest list written.
+    generation: u64,
+    /// Whether lists written before an append are synced.
+    sync: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -173,7 +199,7 @@ impl Redelivery {
             "a batch was being appended at the last stop; what was stored will not be stored again"
         );
         state.expected.extend(found.into_iter().map(|f| (1, f)));
-        state.persist();
+        state.persist(true);
     }
 
     /// A batch is about to be appended (see [`Appending`]): if the process
@@ -185,47 +211,62 @@ impl Redelivery {
             return;
         }
         state.appending = Some(appending);
-        state.persist();
+        // Synced here, under the lock, blocking: the source appends one
+        // batch at a time, and the poller's calls wait one fdatasync.
+        state.persist(true);
     }
 
-    /// Remembers in `path` too, starting with what the last run left
-    /// there. A file that cannot be read or written is logged and leaves
-    /// delivery at least once; it never stops the source.
-    pub fn open(path: &Path, source: &str) -> Redelivery {
-        let (expected, appending) = match std::fs::read(path) {
-            Ok(bytes) => decode(&bytes).unwrap_or_else(|| {
-                tracing::warn!(%source, path = %path.display(), "unreadable list of unacknowledged messages: ignored (they may be stored twice)");
-                (VecDeque::new(), None)
+    /// Remembers in `path` (and its second file) too, starting with what
+    /// the last run left there; `sync`: through a power cut as well. A
+    /// file that cannot be read or written is logged and leaves delivery
+    /// at least once; it never stops the source.
+    pub fn open(path: &Path, source: &str, sync: bool) -> Redelivery {
+        let paths = [path.to_owned(), second_file(path)];
+        let read = paths.clone().map(|path| match std::fs::read(&path) {
+            Ok(bytes) => decode(&bytes).or_else(|| {
+                tracing::warn!(%source, path = %path.display(), "unreadable list of unacknowledged messages: ignored (what it names may be stored twice)");
+                None
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (VecDeque::new(), None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
-                tracing::warn!(%source, path = %path.display(), error = %e, "cannot read the list of unacknowledged messages (they may be stored twice)");
-                (VecDeque::new(), None)
+                tracing::warn!(%source, path = %path.display(), error = %e, "cannot read the list of unacknowledged messages (what it names may be stored twice)");
+                None
             }
-        };
+        });
+        let newest = (0..2).max_by_key(|i| read[*i].as_ref().map(|l| l.0)).unwrap_or(0);
+        let (generation, expected, appending) =
+            read.into_iter().nth(newest).flatten().unwrap_or_default();
         if !expected.is_empty() {
             tracing::info!(%source, n = expected.len(), "the broker may send again messages stored before the last stop; they will not be stored twice");
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| {
+        let open = |path: &PathBuf| {
+            OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path)
+        };
+        // With their names synced, so that a power cut keeps the files.
+        let dir_synced = || match path.parent().filter(|_| sync) {
+            Some(dir) => File::open(dir).and_then(|d| d.sync_all()),
+            None => Ok(()),
+        };
+        let opened = (open(&paths[0]), open(&paths[1]));
+        let files = match (opened.0, opened.1, dir_synced()) {
+            (Ok(a), Ok(b), Ok(())) => {
+                Some(Files { slots: [a, b], synced: newest, generation, sync })
+            }
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 tracing::warn!(%source, path = %path.display(), error = %e, "cannot keep the list of unacknowledged messages: after a crash they may be stored twice");
-            })
-            .ok();
-        let redelivery = Redelivery::with(expected, file);
+                None
+            }
+        };
+        let redelivery = Redelivery::with(expected, files);
         redelivery.lock().appending = appending;
         redelivery
     }
 
-    fn with(expected: VecDeque<Fingerprint>, file: Option<File>) -> Redelivery {
+    fn with(expected: VecDeque<Fingerprint>, files: Option<Files>) -> Redelivery {
         let state = State {
             file_empty: false,
             expected: expected.into_iter().map(|f| (1, f)).collect(),
-            file,
+            files,
             session_present: true,
             ..State::default()
         };
@@ -334,7 +375,7 @@ impl Redelivery {
         let from_expected = excess.min(state.expected.len());
         state.expected.drain(..from_expected);
         state.unacked.drain(..excess - from_expected);
-        state.persist();
+        state.persist(false);
     }
 
     /// Whether to queue a barrier now, after the acks queued so far: when
@@ -414,7 +455,7 @@ impl Redelivery {
             state.unacked.pop_front();
         }
         if state.unacked.len() < before {
-            state.persist();
+            state.persist(false);
         }
         drop(state);
         self.answered.notify_one();
@@ -441,16 +482,17 @@ impl State {
         self.expected.clear();
         self.unacked.clear();
         self.matched.clear();
-        self.persist();
+        self.persist(true);
     }
 
     /// Writes what may come again (`expected`, `matched`, `unacked`) and
-    /// `appending` to the file, in one write (a torn one fails its
-    /// checksum and is ignored on reading).
-    fn persist(&mut self) {
+    /// `appending` into the file not holding the last synced list, in one
+    /// write (a torn one fails its checksum and is ignored on reading);
+    /// with `sync`, syncs it, and it becomes the synced one.
+    fn persist(&mut self, sync: bool) {
         let n = self.expected.len() + self.matched.len() + self.unacked.len();
         let empty = n == 0 && self.appending.is_none();
-        let Some(file) = &self.file else { return };
+        let Some(files) = &mut self.files else { return };
         if empty && self.file_empty {
             return;
         }
@@ -460,15 +502,34 @@ impl State {
             .map(|(_, f)| f)
             .chain(&self.matched)
             .chain(self.unacked.iter().map(|(_, f)| f));
-        let bytes = encode(fingerprints, n, self.appending.as_ref());
-        match file.write_all_at(&bytes, 0) {
-            Ok(()) => self.file_empty = empty,
+        files.generation += 1;
+        let bytes = encode(files.generation, fingerprints, n, self.appending.as_ref());
+        let slot = 1 - files.synced;
+        let sync = sync && files.sync;
+        let file = &files.slots[slot];
+        match file
+            .write_all_at(&bytes, 0)
+            .and_then(|()| if sync { file.sync_data() } else { Ok(()) })
+        {
+            Ok(()) => {
+                self.file_empty = empty;
+                if sync {
+                    files.synced = slot;
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot write the list of unacknowledged messages: after a crash they may be stored twice");
-                self.file = None;
+                self.files = None;
             }
         }
     }
+}
+
+/// The list's second file, beside `path`.
+fn second_file(path: &Path) -> PathBuf {
+    let mut name = OsString::from(path.as_os_str());
+    name.push(".b");
+    PathBuf::from(name)
 }
 
 /// A file in `dir` for what a source keeps across restarts:
@@ -493,18 +554,20 @@ pub struct Appending {
     pub records: Vec<(Fingerprint, u32)>,
 }
 
-/// Magic; count (u32 LE) and the remembered fingerprints (u64 LE); 0, or 1
-/// and an [`Appending`] (from_seq u64, count u32, fingerprint u64 and
-/// CRC u32 each); CRC-32C of all that. Whatever follows (an older, longer
-/// list) is ignored.
+/// Magic; generation (u64 LE); count (u32 LE) and the remembered
+/// fingerprints (u64 LE); 0, or 1 and an [`Appending`] (from_seq u64,
+/// count u32, fingerprint u64 and CRC u32 each); CRC-32C of all that.
+/// Whatever follows (an older, longer list) is ignored.
 fn encode<'a>(
+    generation: u64,
     fingerprints: impl Iterator<Item = &'a Fingerprint>,
     n: usize,
     appending: Option<&Appending>,
 ) -> Vec<u8> {
     let tentative = appending.map_or(0, |a| a.records.len());
-    let mut bytes = Vec::with_capacity(25 + 8 * n + 12 * tentative);
+    let mut bytes = Vec::with_capacity(33 + 8 * n + 12 * tentative);
     bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&generation.to_le_bytes());
     bytes.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
     for f in fingerprints {
         bytes.extend_from_slice(&f.0.to_le_bytes());
@@ -556,15 +619,22 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// `None` for anything [`encode`] did not write.
-fn decode(bytes: &[u8]) -> Option<(VecDeque<Fingerprint>, Option<Appending>)> {
+/// A list read back: its generation, the fingerprints that may come
+/// again and the batch that was being appended.
+type Listed = (u64, VecDeque<Fingerprint>, Option<Appending>);
+
+/// `None` for anything [`encode`] did not write; an empty file is an empty
+/// list of generation 0.
+fn decode(bytes: &[u8]) -> Option<Listed> {
     if bytes.is_empty() {
-        return Some((VecDeque::new(), None));
+        return Some(Listed::default());
     }
     let mut r = Reader::new(bytes);
-    if &r.take::<4>()? != MAGIC {
-        return None;
-    }
+    let generation = match &r.take::<4>()? {
+        magic if magic == MAGIC => r.u64()?,
+        magic if magic == MAGIC_UNGENERATED => 0,
+        _ => return None,
+    };
     let n = r.count()?;
     let expected = (0..n).map(|_| r.u64().map(Fingerprint)).collect::<Option<VecDeque<_>>>()?;
     let appending = match r.take::<1>()? {
@@ -580,7 +650,7 @@ fn decode(bytes: &[u8]) -> Option<(VecDeque<Fingerprint>, Option<Appending>)> {
         _ => return None,
     };
     let end = r.1;
-    (crc32c::crc32c(&bytes[..end]) == r.u32()?).then_some((expected, appending))
+    (crc32c::crc32c(&bytes[..end]) == r.u32()?).then_some((generation, expected, appending))
 }
 
 #[cfg(test)]
@@ -800,33 +870,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = Redelivery::path(dir.path(), "floor/1 readers");
         assert!(path.file_name().unwrap().to_str().unwrap().starts_with("mqtt-floor_1_readers-"));
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.connected(1, true);
         r.acknowledging(1, [(7, fp("a"))]);
         barrier(&r);
         r.acknowledging(1, [(8, fp("b")), (9, fp("c"))]);
         drop(r); // the crash: no barrier covered b and c
 
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["b"])), [true]);
         // The resend is remembered again until a barrier covers it: a
         // second crash now would still recognise b and c.
         r.acknowledging(1, [(1, fp("b"))]);
         drop(r);
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["b", "c", "c"])), [true, true, false]);
         r.acknowledging(1, [(1, fp("b")), (2, fp("c")), (3, fp("c"))]);
         barrier(&r);
         drop(r);
         // All covered: nothing expected.
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         assert_eq!(r.remembered(), 0);
         // A broker that lost the session sends nothing again.
         r.acknowledging(0, [(1, fp("a"))]);
         drop(r);
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.connected(1, false);
         assert_eq!(r.resent(1, fps(&["a"])), [false]);
     }
@@ -835,53 +905,64 @@ mod tests {
     fn copies_recognised_in_a_batch_that_was_not_acknowledged_are_expected_again() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list");
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a")), (2, fp("b"))]);
         drop(r); // a crash before a barrier: a and b may come again
 
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["a", "x"])), [true, false]);
         let crc = crc32c::crc32c(b"record x");
         r.appending(Appending { from_seq: 1, records: vec![(fp("x"), crc)] });
         drop(r); // a crash while x is appended: a is not acknowledged either
 
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.recover(&[]);
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["a", "x"])), [true, false]);
         // Stopped again before anything else was written: still listed.
         drop(r);
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["a", "y"])), [true, false]);
         r.acknowledging(1, [(1, fp("a")), (3, fp("y"))]);
         assert_eq!(r.remembered(), 2, "both wait for a barrier, nothing else");
     }
 
+    /// The newest readable list of the two files.
+    fn newest(path: &Path) -> Listed {
+        [path.to_owned(), second_file(path)]
+            .iter()
+            .filter_map(|p| decode(&std::fs::read(p).unwrap_or_default()))
+            .max_by_key(|l| l.0)
+            .unwrap()
+    }
+
     #[test]
-    fn a_damaged_file_is_ignored() {
+    fn a_damaged_list_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list");
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
         r.appending(Appending { from_seq: 7, records: vec![(fp("c"), 99)] });
         drop(r);
-        let mut bytes = std::fs::read(&path).unwrap();
-        let (list, appending) = decode(&bytes).unwrap();
-        assert_eq!(Vec::from(list), fps(&["a", "b"]));
+        let (generation, list, appending) = newest(&path);
+        assert_eq!((generation, Vec::from(list)), (2, fps(&["a", "b"])));
         assert_eq!(appending, Some(Appending { from_seq: 7, records: vec![(fp("c"), 99)] }));
+        let mut bytes = std::fs::read(&path).unwrap();
         for at in [4, 10, 24, 30, bytes.len() - 1] {
             let mut damaged = bytes.clone();
             damaged[at] ^= 1;
             assert!(decode(&damaged).is_none(), "byte {at}");
         }
-        bytes[10] ^= 1;
+        bytes[20] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         assert_eq!((r.remembered(), r.interrupted_append()), (0, None));
-        for bad in [&b"OGR2"[..], b"OGR2\xff\xff\xff\xff", b"XXXX\0\0\0\0\0\0\0\0", &bytes[..13]] {
+        for bad in
+            [&b"OGR3"[..], b"OGR3\0\0\0\0\0\0\0\0\xff\xff\xff\xff", b"XXXX\0\0\0\0", &bytes[..13]]
+        {
             assert!(decode(bad).is_none(), "{bad:?}");
         }
         // A shorter list over a longer one: the tail is ignored.
@@ -892,8 +973,45 @@ mod tests {
         r.barrier_answered(1);
         r.acknowledging(0, [(4, fp("d"))]);
         drop(r);
-        let (list, appending) = decode(&std::fs::read(&path).unwrap()).unwrap();
+        let (_, list, appending) = newest(&path);
         assert_eq!((Vec::from(list), appending), (fps(&["c", "d"]), None));
+    }
+
+    /// A power cut may tear the write after the last synced list: the
+    /// next run reads the synced one, which names the batch appending.
+    /// Lists written before two files were kept read as generation 0.
+    #[test]
+    fn a_torn_write_leaves_the_synced_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list");
+        let r = Redelivery::open(&path, "s", true);
+        r.connected(1, true);
+        r.appending(Appending { from_seq: 3, records: vec![(fp("a"), 11)] });
+        r.acknowledging(1, [(1, fp("a"))]);
+        drop(r);
+        // The synced list went to one file, the later one to the other.
+        let synced = decode(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!((synced.0, synced.2.map(|a| a.from_seq)), (1, Some(3)));
+        let later = decode(&std::fs::read(second_file(&path)).unwrap()).unwrap();
+        assert_eq!((later.0, later.2), (2, None));
+        let mut torn = std::fs::read(second_file(&path)).unwrap();
+        torn.truncate(torn.len() / 2);
+        std::fs::write(second_file(&path), &torn).unwrap();
+        let r = Redelivery::open(&path, "s", true);
+        assert_eq!(r.interrupted_append(), Some(3));
+        drop(r);
+
+        let old = dir.path().join("old");
+        let mut bytes = encode(9, fps(&["x"]).iter(), 1, None);
+        bytes.splice(..12, MAGIC_UNGENERATED.iter().copied());
+        let crc = crc32c::crc32c(&bytes[..bytes.len() - 4]);
+        let at = bytes.len() - 4;
+        bytes[at..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&old, &bytes).unwrap();
+        assert_eq!(decode(&bytes).map(|l| (l.0, Vec::from(l.1))), Some((0, fps(&["x"]))));
+        let r = Redelivery::open(&old, "s", true);
+        r.connected(1, true);
+        assert_eq!(r.resent(1, fps(&["x"])), [true]);
     }
 
     fn record(seq: u64, payload: &str) -> Record {
@@ -904,7 +1022,7 @@ mod tests {
     fn what_an_interrupted_append_stored_is_expected_and_the_rest_is_not() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list");
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         assert_eq!(r.interrupted_append(), None);
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a"))]);
@@ -913,7 +1031,7 @@ mod tests {
         r.appending(Appending { from_seq: 40, records: batch });
         drop(r); // the crash: the append had stored b's record, not c's
 
-        let r = Redelivery::open(&path, "s");
+        let r = Redelivery::open(&path, "s", true);
         assert_eq!(r.interrupted_append(), Some(40));
         r.recover(&[record(40, "another source's"), record(41, "record b")]);
         assert_eq!(r.interrupted_append(), None);
@@ -924,7 +1042,7 @@ mod tests {
         r.appending(Appending { from_seq: 50, records: vec![(fp("d"), crc("record d"))] });
         r.acknowledging(1, [(2, fp("d"))]);
         drop(r);
-        assert_eq!(Redelivery::open(&path, "s").interrupted_append(), None);
+        assert_eq!(Redelivery::open(&path, "s", true).interrupted_append(), None);
     }
 
     #[test]

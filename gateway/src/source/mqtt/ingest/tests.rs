@@ -590,10 +590,7 @@ async fn messages_sent_again_after_a_crash_are_stored_once_and_none_is_lost() {
     tokio::time::timeout(WAIT, second.task).await.unwrap().unwrap().unwrap();
 }
 
-/// The tests crate's power-cut disk: this crate cannot depend on it.
-#[path = "../../../../../tests/src/loop_disk.rs"]
-mod loop_disk;
-use loop_disk::LoopDisk;
+use crate::source::mqtt::loop_disk::LoopDisk;
 
 /// Power cut: a batch whose append is durable, its PUBACK not yet sent.
 /// The journal naming it was synced before the append, so the run after
