@@ -175,13 +175,10 @@ fn buffer_instance_id(dir: &std::path::Path) -> Result<String> {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     let id = opgraph_proto::ids::new_id_at("buf", now);
     let tmp = dir.join(format!("{BUFFER_ID_FILE}.tmp"));
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut file, id.as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        std::fs::File::open(dir)?.sync_all()
-    };
-    write().map_err(|source| Error::Io { op: "write", path: path.clone(), source })?;
+    crate::durable::replace(&tmp, &path, id.as_bytes()).map_err(|source| Error::Io {
+        op: "write",
+        path: path.clone(),
+        source,
+    })?;
     Ok(id)
 }

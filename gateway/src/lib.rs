@@ -34,6 +34,7 @@ pub mod backoff;
 pub mod batch;
 pub mod buffer;
 pub mod config;
+mod durable;
 pub mod error;
 pub mod http;
 pub mod shipper;

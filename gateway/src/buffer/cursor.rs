@@ -8,8 +8,8 @@
 //! buffer; an unreadable or garbage file is reported and the caller falls
 //! back to what the segments say (redelivering, never losing).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs::File;
+use std::io::{self, Read};
 use std::path::Path;
 
 use super::segment::MAX_SEQ;
@@ -87,22 +87,13 @@ pub(crate) fn load(dir: &Path) -> Result<Option<Cursor>, String> {
 
 /// Replaces the cursor in `dir` atomically and durably.
 pub(crate) fn store(dir: &Path, cursor: &Cursor) -> io::Result<()> {
-    let tmp = dir.join(TMP_FILE);
-    let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-    file.write_all(&cursor.encode())?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(&tmp, dir.join(FILE))?;
-    sync_dir(dir)
-}
-
-/// fsyncs a directory so that creations, renames and deletions in it last.
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    crate::durable::replace(&dir.join(TMP_FILE), &dir.join(FILE), &cursor.encode())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     #[test]

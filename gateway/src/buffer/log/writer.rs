@@ -559,7 +559,7 @@ impl Writer {
             file.sync_all().map_err(|e| Error::io("fsync segment", path, e))?;
             self.unsynced = false;
         }
-        cursor::sync_dir(dir).map_err(|e| Error::io("fsync directory", dir, e))?;
+        crate::durable::sync_dir(dir).map_err(|e| Error::io("fsync directory", dir, e))?;
         let dirty = {
             let state = lock(&self.shared.state);
             state

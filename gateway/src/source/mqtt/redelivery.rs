@@ -244,7 +244,7 @@ impl Redelivery {
         };
         // With their names synced, so that a power cut keeps the files.
         let dir_synced = || match path.parent().filter(|_| sync) {
-            Some(dir) => File::open(dir).and_then(|d| d.sync_all()),
+            Some(dir) => crate::durable::sync_dir(dir),
             None => Ok(()),
         };
         let opened = (open(&paths[0]), open(&paths[1]));

@@ -7,7 +7,6 @@ use std::io;
 use std::path::Path;
 
 use super::{Failure, Writer};
-use crate::buffer::cursor;
 use crate::buffer::log::{Shared, lock};
 use crate::buffer::segment;
 
@@ -149,7 +148,7 @@ pub(in crate::buffer::log) fn create_segment(
         let _ = fs::remove_file(&tmp);
         return Err(("rename segment", e));
     }
-    cursor::sync_dir(dir).map_err(|e| ("fsync directory", e))?;
+    crate::durable::sync_dir(dir).map_err(|e| ("fsync directory", e))?;
     Ok(file)
 }
 

@@ -394,8 +394,11 @@ impl State {
             bytes.extend(encode_appending(number, batch));
         }
         let tmp = path.with_extension("acked.tmp");
-        let rewritten = write_replacing(&tmp, path, &bytes, self.sync)
-            .and_then(|()| OpenOptions::new().append(true).open(path));
+        let replaced = match self.sync {
+            true => crate::durable::replace(&tmp, path, &bytes),
+            false => std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, path)),
+        };
+        let rewritten = replaced.and_then(|()| OpenOptions::new().append(true).open(path));
         match rewritten {
             Ok(file) => {
                 let len = bytes.len() as u64;
@@ -415,22 +418,6 @@ impl State {
         tracing::warn!(path = %path.display(), error = %e, "cannot {doing} the journal of acknowledged messages: after a crash, messages sent again may be stored twice");
         self.journal = None;
     }
-}
-
-/// Writes `bytes` to `tmp`, then renames it over `path`; with `sync`, so
-/// that a power cut leaves either file whole: the data before the rename,
-/// the rename before returning.
-fn write_replacing(tmp: &Path, path: &Path, bytes: &[u8], sync: bool) -> std::io::Result<()> {
-    let mut file = File::create(tmp)?;
-    file.write_all(bytes)?;
-    if sync {
-        file.sync_data()?;
-    }
-    std::fs::rename(tmp, path)?;
-    if sync && let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// The entry at `at`: kind, body and where the next starts; `None` at the
