@@ -186,18 +186,27 @@ async fn mosquitto(dir: &Path) -> (tokio::process::Child, SocketAddr) {
 /// source together with the end of the stream (in one poll of this task:
 /// the tests run on one thread). Its client then reads messages and the
 /// loss of their connection at once, as when a link fails under load.
-async fn proxy(upstream: SocketAddr, cut: Arc<tokio::sync::Notify>) -> SocketAddr {
+async fn proxy(
+    upstream: SocketAddr,
+    cut: Arc<tokio::sync::Notify>,
+) -> (SocketAddr, tokio::sync::watch::Receiver<u64>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let (opened, connections) = tokio::sync::watch::channel(0);
     tokio::spawn(async move {
         while let Ok((near, _)) = listener.accept().await {
             let Ok(far) = tokio::net::TcpStream::connect(upstream).await else { continue };
             let cut = Arc::clone(&cut);
+            // Counted once it hears cuts: a cut sent on seeing the count
+            // reaches it.
+            let cut = cut.notified_owned();
+            opened.send_modify(|n| *n += 1);
             tokio::spawn(async move {
                 let (mut near_rx, mut near_tx) = near.into_split();
                 let (mut far_rx, mut far_tx) = far.into_split();
                 let (stop_up, stopped) = tokio::sync::oneshot::channel::<()>();
+                let mut stop_up = Some(stop_up);
                 tokio::spawn(async move {
                     tokio::select! {
                         _ = tokio::io::copy(&mut near_rx, &mut far_tx) => {}
@@ -211,7 +220,6 @@ async fn proxy(upstream: SocketAddr, cut: Arc<tokio::sync::Notify>) -> SocketAdd
                     let drain = tokio::io::copy(&mut near_rx, &mut lost);
                     let _ = tokio::time::timeout(WAIT, drain).await;
                 });
-                let cut = cut.notified();
                 tokio::pin!(cut);
                 let mut chunk = vec![0; 64 * 1024];
                 loop {
@@ -221,6 +229,13 @@ async fn proxy(upstream: SocketAddr, cut: Arc<tokio::sync::Notify>) -> SocketAdd
                             _ => break,
                         },
                         () = cut.as_mut() => {
+                            // The source's acks are lost from the cut on,
+                            // not after the hold: forwarded meanwhile,
+                            // they would leave the broker nothing to send
+                            // again, depending on how tasks interleave.
+                            if let Some(stop) = stop_up.take() {
+                                let _ = stop.send(());
+                            }
                             // A few messages (the broker's in-flight
                             // window allows more) and then the end.
                             let mut held = Vec::new();
@@ -238,11 +253,13 @@ async fn proxy(upstream: SocketAddr, cut: Arc<tokio::sync::Notify>) -> SocketAdd
                         }
                     }
                 }
-                let _ = stop_up.send(());
+                if let Some(stop) = stop_up {
+                    let _ = stop.send(());
+                }
             });
         }
     });
-    addr
+    (addr, connections)
 }
 
 /// A TCP proxy to `upstream` that closes the connection, both sides, when
@@ -420,7 +437,8 @@ async fn cut_while_reads_flow(protocol: MqttProtocol) {
         MqttProtocol::V311 => "cut",
         MqttProtocol::V5 => "cut5",
     };
-    let mut config = config(&format!("mqtt://{}", proxy(addr, Arc::clone(&cut)).await), test);
+    let (proxied, mut connections) = proxy(addr, Arc::clone(&cut)).await;
+    let mut config = config(&format!("mqtt://{proxied}"), test);
     config.protocol = protocol;
     config.backoff_initial = Duration::from_millis(20);
     config.backoff_max = Duration::from_millis(50);
@@ -428,13 +446,20 @@ async fn cut_while_reads_flow(protocol: MqttProtocol) {
     let here = tokio::runtime::Handle::current();
     let (task, health, shutdown) = start(&config, dir.path(), Arc::clone(&buffer), &here).await;
     let device = tokio::spawn(publish(addr, N, test));
-    // Cut whenever another 800 reads were stored, while they flow.
+    // Cut whenever another 800 reads were stored, while they flow, each
+    // time on a new connection: the source may store a backlog (up to its
+    // receive maximum over MQTT 5) after a cut, and a cut while it is not
+    // connected would cut nothing.
     let mut cuts = 0;
     let mut watermark = buffer.subscribe();
     tokio::time::timeout(WAIT, async {
         while cuts < CUTS {
-            watermark.changed().await.unwrap();
-            if buffer.stats().appended_total > (cuts + 1) * 800 {
+            tokio::select! {
+                changed = watermark.changed() => changed.unwrap(),
+                changed = connections.changed() => changed.unwrap(),
+            }
+            let connected = *connections.borrow() > cuts;
+            if connected && buffer.stats().appended_total > (cuts + 1) * 800 {
                 cut.notify_waiters();
                 cuts += 1;
             }
