@@ -186,6 +186,7 @@ async fn mosquitto(dir: &Path) -> (tokio::process::Child, SocketAddr) {
 /// source together with the end of the stream (in one poll of this task:
 /// the tests run on one thread). Its client then reads messages and the
 /// loss of their connection at once, as when a link fails under load.
+/// Returns its address and the number of connections it has opened.
 async fn proxy(
     upstream: SocketAddr,
     cut: Arc<tokio::sync::Notify>,
@@ -197,10 +198,9 @@ async fn proxy(
     tokio::spawn(async move {
         while let Ok((near, _)) = listener.accept().await {
             let Ok(far) = tokio::net::TcpStream::connect(upstream).await else { continue };
-            let cut = Arc::clone(&cut);
             // Counted once it hears cuts: a cut sent on seeing the count
             // reaches it.
-            let cut = cut.notified_owned();
+            let cut = Arc::clone(&cut).notified_owned();
             opened.send_modify(|n| *n += 1);
             tokio::spawn(async move {
                 let (mut near_rx, mut near_tx) = near.into_split();
