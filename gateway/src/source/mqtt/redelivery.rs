@@ -46,12 +46,13 @@
 //! message after a reconnect or restart, one byte for byte equal to one of
 //! them: that message would be taken for a resend.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -108,6 +109,9 @@ impl Fingerprint {
 pub struct Redelivery {
     state: Mutex<State>,
     answered: Notify,
+    /// `State::suspect` is set: the poller looks at what arrives (read
+    /// without the lock on every message).
+    suspecting: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -117,8 +121,9 @@ struct State {
     /// come again.
     expected: VecDeque<(u64, Fingerprint)>,
     /// Messages of the current connection acknowledged (or about to be),
-    /// by serial number, not yet covered by an answered barrier.
-    unacked: VecDeque<(u64, Fingerprint)>,
+    /// by serial number and packet id, not yet covered by an answered
+    /// barrier.
+    unacked: VecDeque<(u64, u16, Fingerprint)>,
     /// Resends recognised in the batch being handled, until it is
     /// acknowledged: a stop before that leaves them unacknowledged, and
     /// the broker sends them again to the next run.
@@ -132,8 +137,16 @@ struct State {
     /// A barrier was answered on the current connection.
     answered_here: bool,
     /// Connections in a row that ended with a barrier out and none
-    /// answered on them.
+    /// answered on them, and after which the broker sent again none of
+    /// the messages whose acks the barrier followed.
     closed_on_barrier: u32,
+    /// The last connection ended with a barrier out and none answered on
+    /// it: the acks that barrier followed, by packet id. A broker that
+    /// closed on reading the barrier had read them all; if one of their
+    /// messages comes again, the link failed before the broker read the
+    /// barrier (cut, say, right after connecting, before any barrier
+    /// could be answered), and the close does not count.
+    suspect: Option<HashMap<u16, Fingerprint>>,
     /// The batch being appended, until it is remembered as acknowledged;
     /// read back from the file after a crash, until recovered.
     appending: Option<Appending>,
@@ -143,6 +156,8 @@ struct State {
     file_empty: bool,
     /// The current connection, counted from 1 by the poller (0: none yet).
     connection: u64,
+    /// It is up (from its CONNACK until it ends).
+    up: bool,
     /// Whether the broker kept the session for it.
     session_present: bool,
 }
@@ -270,7 +285,7 @@ impl Redelivery {
             session_present: true,
             ..State::default()
         };
-        Redelivery { state: Mutex::new(state), answered: Notify::new() }
+        Redelivery { state: Mutex::new(state), answered: Notify::new(), suspecting: false.into() }
     }
 
     /// Where a source keeps its list: in `dir`, named after the source
@@ -285,20 +300,25 @@ impl Redelivery {
     pub fn connected(&self, connection: u64, session_present: bool) {
         let mut state = self.lock();
         state.connection = connection;
+        state.up = true;
         state.session_present = session_present;
         state.answered_here = false;
         if state.barrier.is_some_and(|b| b.written.is_some_and(|(_, _, on)| on < connection)) {
             // Never answered now (`disconnected` drops it already).
             state.barrier = None;
         }
-        if !session_present {
+        if session_present {
+            let unacked = std::mem::take(&mut state.unacked);
+            state.expected.extend(unacked.into_iter().map(|(_, _, f)| (connection, f)));
+        } else {
             state.expected.clear();
             state.unacked.clear();
             state.matched.clear();
-            return;
         }
-        let unacked = std::mem::take(&mut state.unacked);
-        state.expected.extend(unacked.into_iter().map(|(_, f)| (connection, f)));
+        drop(state);
+        // A clean stop waiting for a barrier while no connection was up
+        // waits no more: nothing of this connection's is unacknowledged.
+        self.answered.notify_one();
     }
 
     /// For each message of `connection`, in order: `true` when it is a
@@ -361,10 +381,10 @@ impl Redelivery {
         }
         let messages = messages.into_iter().filter(|(pkid, _)| *pkid != 0);
         if connection >= state.connection {
-            for (_, f) in messages {
+            for (pkid, f) in messages {
                 let serial = state.next_serial;
                 state.next_serial += 1;
-                state.unacked.push_back((serial, f));
+                state.unacked.push_back((serial, pkid, f));
             }
         } else if state.session_present {
             // Their acks go out on a later connection: each one since
@@ -379,10 +399,14 @@ impl Redelivery {
     }
 
     /// Whether to queue a barrier now, after the acks queued so far: when
-    /// messages wait for one and none is out. `true` counts it as out.
+    /// messages wait for one, none is out and a connection is up. `true`
+    /// counts it as out. Queued while none is up, a barrier would go out
+    /// first thing on the next connection and cover nothing of its (what
+    /// it follows is expected again there); a broker that closes on a
+    /// barrier would close every connection at once.
     pub fn barrier_due(&self) -> bool {
         let mut state = self.lock();
-        if state.barrier.is_some() || state.unacked.is_empty() {
+        if !state.up || state.barrier.is_some() || state.unacked.is_empty() {
             return false;
         }
         state.barrier = Some(Barrier { covers: state.next_serial, written: None });
@@ -408,19 +432,56 @@ impl Redelivery {
     pub fn disconnected(&self, dropped: bool) {
         let mut state = self.lock();
         let current = state.connection;
-        let out_here = state.barrier.is_some_and(|b| b.written.is_some_and(|w| w.2 == current));
-        if out_here && !state.answered_here && !state.given_up {
+        state.up = false;
+        // Nothing the last close's barrier followed came again on this
+        // connection: that close counts.
+        if state.suspect.take().is_some() {
             state.closed_on_barrier += 1;
-            if state.closed_on_barrier >= CLOSED_ON_BARRIER {
-                state.give_up("closed the connection after an UNSUBSCRIBE of a filter never subscribed, three times in a row");
-            }
-        } else if state.answered_here {
+        }
+        if state.answered_here {
             state.closed_on_barrier = 0;
         }
+        let out_here = state.barrier.filter(|b| b.written.is_some_and(|w| w.2 == current));
+        if let Some(barrier) = out_here.filter(|_| !state.answered_here && !state.given_up) {
+            let followed: HashMap<u16, Fingerprint> = state
+                .unacked
+                .iter()
+                .filter(|(serial, ..)| *serial < barrier.covers)
+                .map(|(_, pkid, f)| (*pkid, *f))
+                .collect();
+            // Following none of this connection's acks (queued on the
+            // last one just before it ended and written on this), it
+            // tells nothing.
+            if !followed.is_empty() {
+                if state.closed_on_barrier + 1 >= CLOSED_ON_BARRIER {
+                    state.give_up("closed the connection after an UNSUBSCRIBE of a filter never subscribed, three times in a row");
+                } else {
+                    state.suspect = Some(followed);
+                }
+            }
+        }
+        self.suspecting.store(state.suspect.is_some(), Ordering::Relaxed);
         if state.barrier.is_some_and(|b| dropped || b.written.is_some()) {
             state.barrier = None;
             drop(state);
             self.answered.notify_one();
+        }
+    }
+
+    /// The poller got a PUBLISH. If its message is one whose ack the
+    /// barrier out at the last close followed, the broker had not read
+    /// that ack: the link failed, the barrier did not make the broker
+    /// close (see `State::suspect`).
+    pub fn arrived(&self, pkid: u16, topic: &str, payload: &[u8]) {
+        if !self.suspecting.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut state = self.lock();
+        let followed = state.suspect.as_ref().and_then(|s| s.get(&pkid));
+        if followed.is_some_and(|f| *f == Fingerprint::of(topic, payload)) {
+            state.suspect = None;
+            state.closed_on_barrier = 0;
+            self.suspecting.store(false, Ordering::Relaxed);
         }
     }
 
@@ -451,7 +512,7 @@ impl Redelivery {
         state.barrier = None;
         state.answered_here = true;
         let before = state.unacked.len();
-        while state.unacked.front().is_some_and(|(serial, _)| *serial < barrier.covers) {
+        while state.unacked.front().is_some_and(|(serial, ..)| *serial < barrier.covers) {
             state.unacked.pop_front();
         }
         if state.unacked.len() < before {
@@ -479,6 +540,7 @@ impl State {
             "the MQTT broker {why}: messages it sends again after a lost connection or a crash may be stored twice (set recognise_resends = false to skip this check)"
         );
         self.given_up = true;
+        self.suspect = None;
         self.expected.clear();
         self.unacked.clear();
         self.matched.clear();
@@ -501,7 +563,7 @@ impl State {
             .iter()
             .map(|(_, f)| f)
             .chain(&self.matched)
-            .chain(self.unacked.iter().map(|(_, f)| f));
+            .chain(self.unacked.iter().map(|(.., f)| f));
         files.generation += 1;
         let bytes = encode(files.generation, fingerprints, n, self.appending.as_ref());
         let slot = 1 - files.synced;
@@ -756,6 +818,9 @@ mod tests {
         let mut serial = 0;
         let mut connection = |r: &Redelivery, n: u64, answered: bool| {
             r.connected(n, true);
+            // The broker read the ack of the last message with packet id
+            // 2 and sends a new one with it.
+            r.arrived(2, "t", format!("new on {n}").as_bytes());
             if answered {
                 serial += 1;
                 r.acknowledging(n, [(1, fp(&format!("{serial}")))]);
@@ -782,6 +847,44 @@ mod tests {
         assert!(!r.barrier_due(), "no more barriers");
     }
 
+    /// A link cut again and again before the broker read the barrier (as
+    /// right after each connect, before any barrier could be answered) is
+    /// not a broker that closes on barriers: what the barrier followed
+    /// comes again.
+    #[test]
+    fn connections_cut_before_the_broker_read_the_barrier_are_not_taken_for_closes_on_it() {
+        let r = Redelivery::in_memory();
+        for n in 1..=2 * u64::from(CLOSED_ON_BARRIER) {
+            r.connected(n, true);
+            if n > 1 {
+                r.arrived(2, "t", format!("{}", n - 1).as_bytes());
+            }
+            r.acknowledging(n, [(2, fp(&format!("{n}")))]);
+            assert!(r.barrier_due(), "given up before connection {n}");
+            r.barrier_written(3);
+            r.disconnected(false);
+        }
+        assert!(r.remembered() > 0);
+    }
+
+    /// A barrier queued on one connection and written on the next,
+    /// which is cut before the answer, followed none of that connection's
+    /// acks: it tells nothing about the broker.
+    #[test]
+    fn a_barrier_carried_over_to_a_cut_connection_does_not_count() {
+        let r = Redelivery::in_memory();
+        for k in 1..=2 * u64::from(CLOSED_ON_BARRIER) {
+            r.connected(2 * k - 1, true);
+            r.acknowledging(2 * k - 1, [(2, fp(&format!("{k}")))]);
+            assert!(r.barrier_due(), "given up before connection {}", 2 * k - 1);
+            r.disconnected(false);
+            r.connected(2 * k, true);
+            r.barrier_written(3);
+            r.disconnected(false);
+        }
+        assert!(r.remembered() > 0);
+    }
+
     #[test]
     fn only_the_answer_to_the_barrier_out_on_its_connection_counts() {
         let r = Redelivery::in_memory();
@@ -805,21 +908,23 @@ mod tests {
         assert_eq!(r.remembered(), 2, "a is still expected, y waits");
 
         // Queued when the connection ended and held over by rumqttc, which
-        // the poller dropped: another may be queued.
+        // the poller dropped: another may be queued once one is up.
         assert!(r.barrier_due());
         r.disconnected(true);
+        assert!(!r.barrier_due(), "none while no connection is up");
+        r.connected(3, true);
+        r.acknowledging(3, [(1, fp("z"))]);
         assert!(r.barrier_due(), "the dropped barrier is not waited for");
         // Still queued when the connection ended: it goes out on the next,
         // after the acks queued before it, and counts there.
         r.disconnected(false);
-        assert!(!r.barrier_due());
-        r.connected(3, true);
-        r.acknowledging(3, [(1, fp("z"))]);
+        r.connected(4, true);
+        r.acknowledging(4, [(1, fp("w"))]);
         r.barrier_written(3);
         r.barrier_answered(3);
-        assert_eq!(r.remembered(), 3, "a and y expected, z not covered");
+        assert_eq!(r.remembered(), 4, "a, y and z expected, w not covered");
         barrier(&r);
-        assert_eq!(r.remembered(), 2);
+        assert_eq!(r.remembered(), 3);
     }
 
     #[test]
@@ -966,12 +1071,13 @@ mod tests {
             assert!(decode(bad).is_none(), "{bad:?}");
         }
         // A shorter list over a longer one: the tail is ignored.
-        r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a")), (2, fp("b"))]);
         assert!(r.barrier_due());
         r.barrier_written(1);
-        r.acknowledging(0, [(3, fp("c"))]);
+        r.acknowledging(1, [(3, fp("c"))]);
         r.barrier_answered(1);
-        r.acknowledging(0, [(4, fp("d"))]);
+        r.acknowledging(1, [(4, fp("d"))]);
         drop(r);
         let (_, list, appending) = newest(&path);
         assert_eq!((Vec::from(list), appending), (fps(&["c", "d"]), None));

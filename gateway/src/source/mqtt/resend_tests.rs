@@ -70,7 +70,8 @@ enum Hold {
     Forever(tokio::sync::oneshot::Sender<()>),
 }
 
-/// A buffer whose first append is held; the others go straight through.
+/// A buffer whose first append may be held; the others yield once and
+/// go through.
 struct HeldBuffer {
     inner: Arc<dyn Buffer>,
     hold: std::sync::Mutex<Option<Hold>>,
@@ -80,6 +81,10 @@ impl HeldBuffer {
     fn over(inner: &Arc<dyn Buffer>, hold: Hold) -> Arc<dyn Buffer> {
         Arc::new(HeldBuffer { inner: Arc::clone(inner), hold: Some(hold).into() })
     }
+
+    fn yielding(inner: &Arc<dyn Buffer>) -> Arc<dyn Buffer> {
+        Arc::new(HeldBuffer { inner: Arc::clone(inner), hold: None.into() })
+    }
 }
 
 #[async_trait]
@@ -87,7 +92,12 @@ impl Buffer for HeldBuffer {
     async fn append(&self, records: Vec<Bytes>) -> Result<std::ops::RangeInclusive<u64>> {
         let hold = self.hold.lock().unwrap().take();
         match hold {
-            None => self.inner.append(records).await,
+            None => {
+                // As the log buffer's append does (it waits for its group
+                // commit): the poller may see a connection end meanwhile.
+                tokio::task::yield_now().await;
+                self.inner.append(records).await
+            }
             Some(Hold::Until(open)) => {
                 open.notified().await;
                 self.inner.append(records).await
@@ -262,22 +272,44 @@ async fn proxy(
     (addr, connections)
 }
 
+/// What [`closing_on_unsubscribe`] does with a client's UNSUBSCRIBE.
+#[derive(Clone, Copy)]
+enum OnBarrier {
+    /// Closes the connection, as a broker that refuses an UNSUBSCRIBE of a
+    /// filter never subscribed may.
+    Close,
+    /// On each of the first `n` connections, loses the client's PUBACKs
+    /// and cuts the connection at the UNSUBSCRIBE, as a link that fails
+    /// before the broker reads them does (or at the ninth lost PUBACK:
+    /// a source that sends no barrier fails all the same); then passes
+    /// everything.
+    CutLosingAcks(u32),
+}
+
 /// A TCP proxy to `upstream` that closes the connection, both sides, when
-/// the client sends an UNSUBSCRIBE, as a broker that refuses one for a
-/// filter never subscribed may; returns how many it closed so.
+/// the client sends an UNSUBSCRIBE (see [`OnBarrier`]); returns how many
+/// it closed so.
 async fn closing_on_unsubscribe(
     upstream: SocketAddr,
+    on_barrier: OnBarrier,
 ) -> (SocketAddr, Arc<std::sync::atomic::AtomicU32>) {
     use std::sync::atomic::{AtomicU32, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const PUBACK: u8 = 4;
     const UNSUBSCRIBE: u8 = 10;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let closes = Arc::new(AtomicU32::new(0));
     let counted = Arc::clone(&closes);
     tokio::spawn(async move {
+        let mut accepted = 0;
         while let Ok((near, _)) = listener.accept().await {
             let Ok(far) = tokio::net::TcpStream::connect(upstream).await else { continue };
+            accepted += 1;
+            let (closing, losing_acks) = match on_barrier {
+                OnBarrier::Close => (true, false),
+                OnBarrier::CutLosingAcks(n) => (accepted <= n, accepted <= n),
+            };
             let closes = Arc::clone(&counted);
             tokio::spawn(async move {
                 let (mut near_rx, mut near_tx) = near.into_split();
@@ -287,12 +319,23 @@ async fn closing_on_unsubscribe(
                 };
                 let up = async {
                     let mut buf = bytes::BytesMut::new();
+                    let mut acks_lost = 0;
                     loop {
                         while let Ok(header) = rumqttc::mqttbytes::check(buf.iter(), usize::MAX) {
                             let packet = buf.split_to(header.frame_length());
-                            if packet[0] >> 4 == UNSUBSCRIBE {
+                            let lost = losing_acks && packet[0] >> 4 == PUBACK;
+                            acks_lost += u32::from(lost);
+                            if closing && (packet[0] >> 4 == UNSUBSCRIBE || acks_lost > 8) {
                                 closes.fetch_add(1, Ordering::SeqCst);
+                                // Closed without a reset, the broker reads
+                                // what came before: it closes on the end
+                                // of our stream, which ends `down`.
+                                let _ = far_tx.shutdown().await;
+                                let _ = tokio::io::copy(&mut near_rx, &mut tokio::io::sink()).await;
                                 return;
+                            }
+                            if lost {
+                                continue;
                             }
                             if far_tx.write_all(&packet).await.is_err() {
                                 return;
@@ -444,7 +487,8 @@ async fn cut_while_reads_flow(protocol: MqttProtocol) {
     config.backoff_max = Duration::from_millis(50);
     let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
     let here = tokio::runtime::Handle::current();
-    let (task, health, shutdown) = start(&config, dir.path(), Arc::clone(&buffer), &here).await;
+    let yielding = HeldBuffer::yielding(&buffer);
+    let (task, health, shutdown) = start(&config, dir.path(), yielding, &here).await;
     let device = tokio::spawn(publish(addr, N, test));
     // Cut whenever another 800 reads were stored, while they flow, each
     // time on a new connection: the source may store a backlog (up to its
@@ -514,7 +558,7 @@ async fn a_broker_that_closes_the_connection_on_a_barrier_is_given_up_on() {
     const N: u64 = 2_000;
     let dir = tempfile::tempdir().unwrap();
     let (_mosquitto, addr) = mosquitto(dir.path()).await;
-    let (strict, closes) = closing_on_unsubscribe(addr).await;
+    let (strict, closes) = closing_on_unsubscribe(addr, OnBarrier::Close).await;
     let mut config = config(&format!("mqtt://{strict}"), "strict");
     config.backoff_initial = Duration::from_millis(20);
     config.backoff_max = Duration::from_millis(50);
@@ -528,6 +572,34 @@ async fn a_broker_that_closes_the_connection_on_a_barrier_is_given_up_on() {
     assert_eq!(counts.len() as u64, N);
     let closed = closes.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(closed, redelivery::CLOSED_ON_BARRIER, "{}", health.to_json());
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+}
+
+/// A link that fails again and again before the broker reads the acks and
+/// the barrier after them is not a broker that closes the connection on a
+/// barrier: the broker sends those messages again, and the source goes on
+/// recognising them (given up on, it stored them twice).
+#[tokio::test]
+async fn connections_cut_before_the_broker_read_the_barrier_are_not_given_up_on() {
+    const N: u64 = 500;
+    const CUTS: u32 = 2 * redelivery::CLOSED_ON_BARRIER;
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let (flaky, closes) = closing_on_unsubscribe(addr, OnBarrier::CutLosingAcks(CUTS)).await;
+    let mut config = config(&format!("mqtt://{flaky}"), "flaky");
+    config.backoff_initial = Duration::from_millis(20);
+    config.backoff_max = Duration::from_millis(50);
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let here = tokio::runtime::Handle::current();
+    let (task, health, shutdown) = start(&config, dir.path(), Arc::clone(&buffer), &here).await;
+    publish(addr, N, "flaky").await;
+    let counts = stored(&buffer, N).await;
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{} stored twice: {twice:?}", twice.len());
+    assert_eq!(closes.load(std::sync::atomic::Ordering::SeqCst), CUTS);
+    let health = health.to_json();
+    assert!(health["resent_total"].as_u64().unwrap() > 0, "{health}");
     shutdown.cancel();
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }

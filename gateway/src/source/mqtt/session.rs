@@ -227,6 +227,7 @@ impl Poller {
     /// Hands a message over; a closed channel means the processor stopped
     /// and the message stays unacknowledged.
     async fn deliver(&self, message: Message) {
+        self.redelivery.arrived(message.pkid, &message.topic, &message.payload);
         let _ = self.tx.send(message).await;
     }
 
