@@ -552,7 +552,7 @@ fn appending_from(intake: &Intake) -> u64 {
 async fn handle_resends(
     source: &MqttSource,
     intake: &Intake,
-    redelivery: &Redelivery,
+    redelivery: &Arc<Redelivery>,
     run: &[Message],
     backoff: &mut Backoff,
     shutdown: &CancellationToken,
@@ -571,7 +571,7 @@ async fn handle_resends(
             .iter()
             .map(|(k, record)| (fingerprints[fresh[*k]], crc32c::crc32c(record)))
             .collect();
-        redelivery.appending(redelivery::Appending { from_seq, records });
+        redelivery.appending(redelivery::Appending { from_seq, records }).await;
     }
     let records = records.into_iter().map(|(_, record)| record).collect();
     if !append(intake, records, backoff, shutdown).await {

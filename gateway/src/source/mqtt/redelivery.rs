@@ -51,8 +51,8 @@ use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -151,6 +151,11 @@ struct State {
     /// read back from the file after a crash, until recovered.
     appending: Option<Appending>,
     files: Option<Files>,
+    /// A list written for [`Redelivery::appending`] is being synced,
+    /// without the lock: other lists wait for it (see `persist`).
+    syncing: bool,
+    /// A list that waited for that sync, and whether it is to be synced.
+    deferred: Option<bool>,
     /// The latest list written names no message (saves rewriting it
     /// empty).
     file_empty: bool,
@@ -165,7 +170,8 @@ struct State {
 /// The list's two files (`<name>.unacked` and `<name>.unacked.b`).
 #[derive(Debug)]
 struct Files {
-    slots: [File; 2],
+    /// Shared with a sync in progress, which runs without the lock.
+    slots: [Arc<File>; 2],
     /// The slot of the last synced list (at open, of the list read): the
     /// one never written over until another list is synced.
     synced: usize,
@@ -219,16 +225,37 @@ impl Redelivery {
 
     /// A batch is about to be appended (see [`Appending`]): if the process
     /// dies before [`Redelivery::acknowledging`], the next run looks for
-    /// its records in the buffer.
-    pub fn appending(&self, appending: Appending) {
+    /// its records in the buffer. Resolves once the list naming it is
+    /// durable; one call at a time (the processor appends one batch at a
+    /// time).
+    pub async fn appending(self: &Arc<Self>, appending: Appending) {
+        let this = Arc::clone(self);
+        // On the blocking pool, and synced without the lock: the poller's
+        // calls meanwhile wait for no disk. Finished there even if this
+        // future is dropped, so that `syncing` never stays set.
+        let done = tokio::task::spawn_blocking(move || {
+            if let Some((file, slot)) = this.write_appending(appending) {
+                let done = file.sync_data();
+                this.lock().synced(slot, done);
+            }
+        })
+        .await;
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "the list of unacknowledged messages was not synced: after a power cut some may be stored twice");
+        }
+    }
+
+    /// The first half of [`Redelivery::appending`]: the list naming the
+    /// batch written, and the file to sync if lists are synced.
+    fn write_appending(&self, appending: Appending) -> Option<(Arc<File>, usize)> {
         let mut state = self.lock();
         if state.given_up {
-            return;
+            return None;
         }
         state.appending = Some(appending);
-        // Synced here, under the lock, blocking: the source appends one
-        // batch at a time, and the poller's calls wait one fdatasync.
-        state.persist(true);
+        let pending = state.write();
+        state.syncing = pending.is_some();
+        pending
     }
 
     /// Remembers in `path` (and its second file) too, starting with what
@@ -265,7 +292,7 @@ impl Redelivery {
         let opened = (open(&paths[0]), open(&paths[1]));
         let files = match (opened.0, opened.1, dir_synced()) {
             (Ok(a), Ok(b), Ok(())) => {
-                Some(Files { slots: [a, b], synced: newest, generation, sync })
+                Some(Files { slots: [Arc::new(a), Arc::new(b)], synced: newest, generation, sync })
             }
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 tracing::warn!(%source, path = %path.display(), error = %e, "cannot keep the list of unacknowledged messages: after a crash they may be stored twice");
@@ -547,16 +574,55 @@ impl State {
         self.persist(true);
     }
 
+    /// Writes the list (see [`State::write`]); with `sync`, syncs it, and
+    /// it becomes the synced one. While a sync runs without the lock, the
+    /// write waits for it to end ([`State::synced`]): written now, it would
+    /// go into the very file being synced, which would then count as
+    /// synced with bytes the sync may have missed.
+    fn persist(&mut self, sync: bool) {
+        if self.syncing {
+            self.deferred = Some(sync || self.deferred == Some(true));
+            return;
+        }
+        if let Some((file, slot)) = self.write().filter(|_| sync) {
+            let done = file.sync_data();
+            self.synced(slot, done);
+        }
+    }
+
+    /// A sync of the list written into `slot` ended: on success that list
+    /// is the synced one. Then writes the list that waited for it.
+    fn synced(&mut self, slot: usize, done: std::io::Result<()>) {
+        self.syncing = false;
+        match done {
+            Ok(()) => {
+                if let Some(files) = &mut self.files {
+                    files.synced = slot;
+                }
+            }
+            Err(e) => self.fail(&e),
+        }
+        if let Some(sync) = self.deferred.take() {
+            self.persist(sync);
+        }
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        tracing::warn!(error = %e, "cannot write the list of unacknowledged messages: after a crash they may be stored twice");
+        self.files = None;
+    }
+
     /// Writes what may come again (`expected`, `matched`, `unacked`) and
     /// `appending` into the file not holding the last synced list, in one
-    /// write (a torn one fails its checksum and is ignored on reading);
-    /// with `sync`, syncs it, and it becomes the synced one.
-    fn persist(&mut self, sync: bool) {
+    /// write (a torn one fails its checksum and is ignored on reading).
+    /// Returns that file and its slot when lists are synced, for the caller
+    /// to sync and then pass to [`State::synced`].
+    fn write(&mut self) -> Option<(Arc<File>, usize)> {
         let n = self.expected.len() + self.matched.len() + self.unacked.len();
         let empty = n == 0 && self.appending.is_none();
-        let Some(files) = &mut self.files else { return };
+        let Some(files) = &mut self.files else { return None };
         if empty && self.file_empty {
-            return;
+            return None;
         }
         let fingerprints = self
             .expected
@@ -567,21 +633,15 @@ impl State {
         files.generation += 1;
         let bytes = encode(files.generation, fingerprints, n, self.appending.as_ref());
         let slot = 1 - files.synced;
-        let sync = sync && files.sync;
         let file = &files.slots[slot];
-        match file
-            .write_all_at(&bytes, 0)
-            .and_then(|()| if sync { file.sync_data() } else { Ok(()) })
-        {
+        match file.write_all_at(&bytes, 0) {
             Ok(()) => {
                 self.file_empty = empty;
-                if sync {
-                    files.synced = slot;
-                }
+                files.sync.then(|| (Arc::clone(file), slot))
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot write the list of unacknowledged messages: after a crash they may be stored twice");
-                self.files = None;
+                self.fail(&e);
+                None
             }
         }
     }
@@ -1006,29 +1066,29 @@ mod tests {
         assert_eq!(r.resent(1, fps(&["a"])), [false]);
     }
 
-    #[test]
-    fn copies_recognised_in_a_batch_that_was_not_acknowledged_are_expected_again() {
+    #[tokio::test]
+    async fn copies_recognised_in_a_batch_that_was_not_acknowledged_are_expected_again() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list");
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a")), (2, fp("b"))]);
         drop(r); // a crash before a barrier: a and b may come again
 
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["a", "x"])), [true, false]);
         let crc = crc32c::crc32c(b"record x");
-        r.appending(Appending { from_seq: 1, records: vec![(fp("x"), crc)] });
+        r.appending(Appending { from_seq: 1, records: vec![(fp("x"), crc)] }).await;
         drop(r); // a crash while x is appended: a is not acknowledged either
 
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         r.recover(&[]);
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["a", "x"])), [true, false]);
         // Stopped again before anything else was written: still listed.
         drop(r);
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["a", "y"])), [true, false]);
         r.acknowledging(1, [(1, fp("a")), (3, fp("y"))]);
@@ -1044,13 +1104,13 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn a_damaged_list_is_ignored() {
+    #[tokio::test]
+    async fn a_damaged_list_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list");
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         r.acknowledging(0, [(1, fp("a")), (2, fp("b"))]);
-        r.appending(Appending { from_seq: 7, records: vec![(fp("c"), 99)] });
+        r.appending(Appending { from_seq: 7, records: vec![(fp("c"), 99)] }).await;
         drop(r);
         let (generation, list, appending) = newest(&path);
         assert_eq!((generation, Vec::from(list)), (2, fps(&["a", "b"])));
@@ -1063,7 +1123,7 @@ mod tests {
         }
         bytes[20] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         assert_eq!((r.remembered(), r.interrupted_append()), (0, None));
         for bad in
             [&b"OGR3"[..], b"OGR3\0\0\0\0\0\0\0\0\xff\xff\xff\xff", b"XXXX\0\0\0\0", &bytes[..13]]
@@ -1086,13 +1146,13 @@ mod tests {
     /// A power cut may tear the write after the last synced list: the
     /// next run reads the synced one, which names the batch appending.
     /// Lists written before two files were kept read as generation 0.
-    #[test]
-    fn a_torn_write_leaves_the_synced_list() {
+    #[tokio::test]
+    async fn a_torn_write_leaves_the_synced_list() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list");
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         r.connected(1, true);
-        r.appending(Appending { from_seq: 3, records: vec![(fp("a"), 11)] });
+        r.appending(Appending { from_seq: 3, records: vec![(fp("a"), 11)] }).await;
         r.acknowledging(1, [(1, fp("a"))]);
         drop(r);
         // The synced list went to one file, the later one to the other.
@@ -1103,7 +1163,7 @@ mod tests {
         let mut torn = std::fs::read(second_file(&path)).unwrap();
         torn.truncate(torn.len() / 2);
         std::fs::write(second_file(&path), &torn).unwrap();
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         assert_eq!(r.interrupted_append(), Some(3));
         drop(r);
 
@@ -1115,29 +1175,62 @@ mod tests {
         bytes[at..].copy_from_slice(&crc.to_le_bytes());
         std::fs::write(&old, &bytes).unwrap();
         assert_eq!(decode(&bytes).map(|l| (l.0, Vec::from(l.1))), Some((0, fps(&["x"]))));
-        let r = Redelivery::open(&old, "s", true);
+        let r = Arc::new(Redelivery::open(&old, "s", true));
         r.connected(1, true);
         assert_eq!(r.resent(1, fps(&["x"])), [true]);
+    }
+
+    /// What the poller changes while the list naming a batch is synced is
+    /// written after the sync, into the other file: written into the file
+    /// being synced, it would count as synced unsynced.
+    #[test]
+    fn a_list_changed_during_a_sync_is_written_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list");
+        let r = Redelivery::open(&path, "s", true);
+        r.connected(1, true);
+        r.acknowledging(1, [(1, fp("a"))]);
+        assert!(r.barrier_due());
+        r.barrier_written(7);
+        // `appending`, stopped between its write and the end of its sync.
+        let batch = Appending { from_seq: 5, records: vec![(fp("b"), 11)] };
+        let (file, slot) = r.write_appending(batch.clone()).unwrap();
+        let slots = [path.clone(), second_file(&path)];
+        let being_synced = std::fs::read(&slots[slot]).unwrap();
+        r.barrier_answered(7); // a's ack was read: a is no longer listed
+        assert_eq!(std::fs::read(&slots[slot]).unwrap(), being_synced);
+        assert_eq!(r.remembered(), 0);
+
+        r.lock().synced(slot, file.sync_data());
+        let synced = decode(&being_synced).unwrap();
+        let (generation, list, appending) = newest(&path);
+        assert_eq!(generation, synced.0 + 1);
+        assert_eq!((Vec::from(list), appending), (vec![], Some(batch)));
+        let later = decode(&std::fs::read(&slots[1 - slot]).unwrap()).unwrap();
+        assert_eq!(later.0, generation, "the later list went into the other file");
+        // The next write goes beside the synced list again.
+        r.acknowledging(1, [(2, fp("b"))]);
+        assert_eq!(std::fs::read(&slots[slot]).unwrap(), being_synced);
     }
 
     fn record(seq: u64, payload: &str) -> Record {
         Record { seq, payload: bytes::Bytes::from(payload.to_owned()) }
     }
 
-    #[test]
-    fn what_an_interrupted_append_stored_is_expected_and_the_rest_is_not() {
+    #[tokio::test]
+    async fn what_an_interrupted_append_stored_is_expected_and_the_rest_is_not() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list");
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         assert_eq!(r.interrupted_append(), None);
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a"))]);
         let crc = |p: &str| crc32c::crc32c(p.as_bytes());
         let batch = vec![(fp("b"), crc("record b")), (fp("c"), crc("record c"))];
-        r.appending(Appending { from_seq: 40, records: batch });
+        r.appending(Appending { from_seq: 40, records: batch }).await;
         drop(r); // the crash: the append had stored b's record, not c's
 
-        let r = Redelivery::open(&path, "s", true);
+        let r = Arc::new(Redelivery::open(&path, "s", true));
         assert_eq!(r.interrupted_append(), Some(40));
         r.recover(&[record(40, "another source's"), record(41, "record b")]);
         assert_eq!(r.interrupted_append(), None);
@@ -1145,7 +1238,7 @@ mod tests {
         assert_eq!(r.resent(1, fps(&["a", "b", "c"])), [true, true, false]);
 
         // A finished append leaves nothing to look for.
-        r.appending(Appending { from_seq: 50, records: vec![(fp("d"), crc("record d"))] });
+        r.appending(Appending { from_seq: 50, records: vec![(fp("d"), crc("record d"))] }).await;
         r.acknowledging(1, [(2, fp("d"))]);
         drop(r);
         assert_eq!(Redelivery::open(&path, "s", true).interrupted_append(), None);
