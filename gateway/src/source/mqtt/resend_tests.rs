@@ -549,6 +549,30 @@ async fn a_backlog_of_unacknowledged_messages_does_not_stop_the_source() {
     tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }
 
+/// Publishes `n` reads through [`closing_on_unsubscribe`] to a source
+/// that reconnects at once; returns how often each was stored, how many
+/// connections the proxy closed and the source's health.
+async fn through_closing_proxy(
+    on_barrier: OnBarrier,
+    n: u64,
+    test: &'static str,
+) -> (BTreeMap<i64, usize>, u32, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let (proxied, closes) = closing_on_unsubscribe(addr, on_barrier).await;
+    let mut config = config(&format!("mqtt://{proxied}"), test);
+    config.backoff_initial = Duration::from_millis(20);
+    config.backoff_max = Duration::from_millis(50);
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let here = tokio::runtime::Handle::current();
+    let (task, health, shutdown) = start(&config, dir.path(), Arc::clone(&buffer), &here).await;
+    publish(addr, n, test).await;
+    let counts = stored(&buffer, n).await;
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    (counts, closes.load(std::sync::atomic::Ordering::SeqCst), health.to_json())
+}
+
 /// A broker that closes the connection on a barrier instead of answering
 /// it would cost a reconnect per batch: after three connections in a row
 /// end so, the source stops sending barriers (and recognising resends),
@@ -556,24 +580,11 @@ async fn a_backlog_of_unacknowledged_messages_does_not_stop_the_source() {
 #[tokio::test]
 async fn a_broker_that_closes_the_connection_on_a_barrier_is_given_up_on() {
     const N: u64 = 2_000;
-    let dir = tempfile::tempdir().unwrap();
-    let (_mosquitto, addr) = mosquitto(dir.path()).await;
-    let (strict, closes) = closing_on_unsubscribe(addr, OnBarrier::Close).await;
-    let mut config = config(&format!("mqtt://{strict}"), "strict");
-    config.backoff_initial = Duration::from_millis(20);
-    config.backoff_max = Duration::from_millis(50);
-    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
-    let here = tokio::runtime::Handle::current();
-    let (task, health, shutdown) = start(&config, dir.path(), Arc::clone(&buffer), &here).await;
-    publish(addr, N, "strict").await;
     // At least once: every read is there (the few the broker sent again
     // after the three closes may be there twice).
-    let counts = stored(&buffer, N).await;
+    let (counts, closed, health) = through_closing_proxy(OnBarrier::Close, N, "strict").await;
     assert_eq!(counts.len() as u64, N);
-    let closed = closes.load(std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(closed, redelivery::CLOSED_ON_BARRIER, "{}", health.to_json());
-    shutdown.cancel();
-    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+    assert_eq!(closed, redelivery::CLOSED_ON_BARRIER, "{health}");
 }
 
 /// A link that fails again and again before the broker reads the acks and
@@ -582,24 +593,11 @@ async fn a_broker_that_closes_the_connection_on_a_barrier_is_given_up_on() {
 /// recognising them (given up on, it stored them twice).
 #[tokio::test]
 async fn connections_cut_before_the_broker_read_the_barrier_are_not_given_up_on() {
-    const N: u64 = 500;
     const CUTS: u32 = 2 * redelivery::CLOSED_ON_BARRIER;
-    let dir = tempfile::tempdir().unwrap();
-    let (_mosquitto, addr) = mosquitto(dir.path()).await;
-    let (flaky, closes) = closing_on_unsubscribe(addr, OnBarrier::CutLosingAcks(CUTS)).await;
-    let mut config = config(&format!("mqtt://{flaky}"), "flaky");
-    config.backoff_initial = Duration::from_millis(20);
-    config.backoff_max = Duration::from_millis(50);
-    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
-    let here = tokio::runtime::Handle::current();
-    let (task, health, shutdown) = start(&config, dir.path(), Arc::clone(&buffer), &here).await;
-    publish(addr, N, "flaky").await;
-    let counts = stored(&buffer, N).await;
+    let (counts, closed, health) =
+        through_closing_proxy(OnBarrier::CutLosingAcks(CUTS), 500, "flaky").await;
     let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "{} stored twice: {twice:?}", twice.len());
-    assert_eq!(closes.load(std::sync::atomic::Ordering::SeqCst), CUTS);
-    let health = health.to_json();
+    assert_eq!(closed, CUTS);
     assert!(health["resent_total"].as_u64().unwrap() > 0, "{health}");
-    shutdown.cancel();
-    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }
