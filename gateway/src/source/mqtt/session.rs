@@ -249,78 +249,56 @@ impl Poller {
     }
 }
 
-async fn poll_v4(mut eventloop: rumqttc::EventLoop, client: rumqttc::AsyncClient, mut p: Poller) {
-    let filters: Vec<rumqttc::SubscribeFilter> =
-        p.filters.iter().map(|f| rumqttc::SubscribeFilter::new(f.clone(), p.qos)).collect();
-    let mut rng = StdRng::from_os_rng();
-    loop {
-        let event = tokio::select! {
-            event = eventloop.poll() => event,
-            () = p.stop.cancelled() => return,
-        };
-        let error = match event {
-            Ok(event) => match p.on_v4(event, &client, &filters).await {
-                true => continue,
-                false => return,
-            },
-            Err(rumqttc::ConnectionError::RequestsDone) => return,
-            Err(e) => e.to_string(),
-        };
-        // The poll that failed may have read packets of the connection
-        // that ended (rumqttc reads up to ten at a time): they are its, and
-        // are handled before the next connection starts.
-        let left: Vec<_> = eventloop.state.events.drain(..).collect();
-        for event in left {
-            if !p.on_v4(event, &client, &filters).await {
+/// The poll loop of both protocols, whose event loops share no trait:
+/// `$m` is the client's module, `$on` the [`Poller`]'s handler of its
+/// events. Returns from the enclosing function when polling ends.
+macro_rules! poll_loop {
+    ($m:ident, $eventloop:ident, $client:ident, $p:ident, $filters:ident, $on:ident) => {{
+        let mut rng = StdRng::from_os_rng();
+        loop {
+            let event = tokio::select! {
+                event = $eventloop.poll() => event,
+                () = $p.stop.cancelled() => return,
+            };
+            let error = match event {
+                Ok(event) => match $p.$on(event, &$client, &$filters).await {
+                    true => continue,
+                    false => return,
+                },
+                Err($m::ConnectionError::RequestsDone) => return,
+                Err(e) => e.to_string(),
+            };
+            // The poll that failed may have read packets of the connection
+            // that ended (rumqttc reads up to ten at a time): they are its,
+            // and are handled before the next connection starts.
+            let left: Vec<_> = $eventloop.state.events.drain(..).collect();
+            for event in left {
+                if !$p.$on(event, &$client, &$filters).await {
+                    return;
+                }
+            }
+            // rumqttc would write a barrier it holds over on the next
+            // connection, where its answer proves nothing.
+            let queued = $eventloop.pending.len();
+            $eventloop.pending.retain(|r| !matches!(r, $m::Request::Unsubscribe(_)));
+            $p.redelivery.disconnected($eventloop.pending.len() < queued);
+            if !$p.failed(error, &mut rng).await {
                 return;
             }
         }
-        // rumqttc would write a barrier it holds over on the next
-        // connection, where its answer proves nothing.
-        let queued = eventloop.pending.len();
-        eventloop.pending.retain(|r| !matches!(r, rumqttc::Request::Unsubscribe(_)));
-        p.redelivery.disconnected(eventloop.pending.len() < queued);
-        if !p.failed(error, &mut rng).await {
-            return;
-        }
-    }
+    }};
+}
+
+async fn poll_v4(mut eventloop: rumqttc::EventLoop, client: rumqttc::AsyncClient, mut p: Poller) {
+    let filters: Vec<rumqttc::SubscribeFilter> =
+        p.filters.iter().map(|f| rumqttc::SubscribeFilter::new(f.clone(), p.qos)).collect();
+    poll_loop!(rumqttc, eventloop, client, p, filters, on_v4)
 }
 
 async fn poll_v5(mut eventloop: v5::EventLoop, client: v5::AsyncClient, mut p: Poller) {
     let filters: Vec<v5::mqttbytes::v5::Filter> =
         p.filters.iter().map(|f| v5::mqttbytes::v5::Filter::new(f.clone(), qos5(p.qos))).collect();
-    let mut rng = StdRng::from_os_rng();
-    loop {
-        let event = tokio::select! {
-            event = eventloop.poll() => event,
-            () = p.stop.cancelled() => return,
-        };
-        let error = match event {
-            Ok(event) => match p.on_v5(event, &client, &filters).await {
-                true => continue,
-                false => return,
-            },
-            Err(v5::ConnectionError::RequestsDone) => return,
-            Err(e) => e.to_string(),
-        };
-        // The poll that failed may have read packets of the connection
-        // that ended (rumqttc reads up to ten at a time): they are its, and
-        // are handled before the next connection starts.
-        let left: Vec<_> = eventloop.state.events.drain(..).collect();
-        for event in left {
-            if !p.on_v5(event, &client, &filters).await {
-                return;
-            }
-        }
-        // rumqttc would write a barrier it holds over on the next
-        // connection, where its answer proves nothing.
-        let queued = eventloop.pending.len();
-        eventloop.pending.retain(|r| !matches!(r, v5::Request::Unsubscribe(_)));
-        p.redelivery.disconnected(eventloop.pending.len() < queued);
-        if !p.failed(error, &mut rng).await {
-            return;
-        }
-    }
+    poll_loop!(v5, eventloop, client, p, filters, on_v5)
 }
 
 fn qos5(qos: QoS) -> v5::mqttbytes::QoS {
