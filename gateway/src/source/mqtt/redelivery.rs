@@ -75,6 +75,11 @@ const BARRIER_PATIENCE: Duration = Duration::from_secs(60);
 /// subscribed may): each batch would cost a reconnect.
 pub(super) const CLOSED_ON_BARRIER: u32 = 3;
 
+/// How long after giving up on the broker the source tries again: the
+/// broker may have been replaced, or the signs misread (a link failing
+/// just so). A try costs a minute of remembering or three reconnects.
+const RETRY_AFTER: Duration = Duration::from_secs(3600);
+
 /// A file's first bytes, naming its format: `OGR3` carries a generation,
 /// `OGR2` (written before there were two files) reads as generation 0.
 const MAGIC: &[u8; 4] = b"OGR3";
@@ -132,8 +137,9 @@ struct State {
     /// The barrier queued and not yet answered (at most one): it covers
     /// the messages with a serial number below `covers`.
     barrier: Option<Barrier>,
-    /// The broker answers no barrier: nothing is remembered any more.
-    given_up: bool,
+    /// The broker answers no barrier (since then): nothing is remembered
+    /// until [`RETRY_AFTER`] has passed.
+    given_up: Option<Instant>,
     /// A barrier was answered on the current connection.
     answered_here: bool,
     /// Connections in a row that ended with a barrier out and none
@@ -249,7 +255,7 @@ impl Redelivery {
     /// batch written, and the file to sync if lists are synced.
     fn write_appending(&self, appending: Appending) -> Option<(Arc<File>, usize)> {
         let mut state = self.lock();
-        if state.given_up {
+        if state.given_up.is_some() {
             return None;
         }
         state.appending = Some(appending);
@@ -358,7 +364,7 @@ impl Redelivery {
         fingerprints: impl IntoIterator<Item = Fingerprint>,
     ) -> Vec<bool> {
         let mut state = self.lock();
-        if state.given_up {
+        if state.given_up.is_some() {
             return vec![false; fingerprints.into_iter().count()];
         }
         let due = |from: u64| from <= connection;
@@ -396,8 +402,13 @@ impl Redelivery {
         let mut state = self.lock();
         state.appending = None;
         state.matched.clear();
-        if state.given_up {
-            return;
+        if let Some(since) = state.given_up {
+            if since.elapsed() < RETRY_AFTER {
+                return;
+            }
+            tracing::info!("trying again to recognise messages the MQTT broker sends again");
+            state.given_up = None;
+            state.closed_on_barrier = 0;
         }
         let current = state.connection;
         if state.barrier.is_some_and(|b| {
@@ -469,7 +480,8 @@ impl Redelivery {
             state.closed_on_barrier = 0;
         }
         let out_here = state.barrier.filter(|b| b.written.is_some_and(|w| w.2 == current));
-        if let Some(barrier) = out_here.filter(|_| !state.answered_here && !state.given_up) {
+        if let Some(barrier) = out_here.filter(|_| !state.answered_here && state.given_up.is_none())
+        {
             let followed: HashMap<u16, Fingerprint> = state
                 .unacked
                 .iter()
@@ -564,9 +576,12 @@ impl State {
     /// Stops remembering: the broker does not answer barriers as needed.
     fn give_up(&mut self, why: &str) {
         tracing::warn!(
-            "the MQTT broker {why}: messages it sends again after a lost connection or a crash may be stored twice (set recognise_resends = false to skip this check)"
+            "the MQTT broker {why}: messages it sends again after a lost connection or a crash may be stored twice for the next hour (set recognise_resends = false to skip this check)"
         );
-        self.given_up = true;
+        self.given_up = Some(Instant::now());
+        // Its answer, should one come, covers nothing remembered now; out
+        // when trying again, it would be taken for unanswered.
+        self.barrier = None;
         self.suspect = None;
         self.expected.clear();
         self.unacked.clear();
@@ -870,6 +885,16 @@ mod tests {
         assert!(!r.barrier_due());
         r.connected(3, true);
         assert_eq!(r.resent(3, fps(&["a", "b"])), [false, false]);
+        r.acknowledging(3, [(5, fp("e"))]);
+        assert_eq!(r.remembered(), 0);
+        // An hour on, it tries again, with a barrier of its own.
+        tokio::time::advance(RETRY_AFTER).await;
+        r.acknowledging(3, [(6, fp("f"))]);
+        assert_eq!(r.remembered(), 1);
+        assert!(r.barrier_due());
+        r.barrier_written(3);
+        r.barrier_answered(3);
+        assert_eq!(r.remembered(), 0);
     }
 
     #[test]
