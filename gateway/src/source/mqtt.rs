@@ -661,11 +661,15 @@ async fn append(
     }
 }
 
-/// The tests crate's power-cut disk, for the power-cut tests of both MQTT
-/// sources: this crate cannot depend on that one.
+/// The tests crate's power-cut disk and Mosquitto, for the tests of both
+/// MQTT sources: this crate cannot depend on that one.
 #[cfg(test)]
 #[path = "../../../tests/src/loop_disk.rs"]
 mod loop_disk;
+#[cfg(test)]
+#[path = "../../../tests/src/mosquitto.rs"]
+#[allow(dead_code, reason = "the tests crate's helper, of which these tests need a part")]
+mod mosquitto;
 #[cfg(test)]
 mod resend_tests;
 

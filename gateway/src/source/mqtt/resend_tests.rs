@@ -6,12 +6,12 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use prost::Message as _;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing};
 
+use super::mosquitto::Mosquitto;
 use super::*;
 use crate::buffer::{Buffer, MemoryBuffer};
 use crate::source::SourceHealth;
@@ -163,31 +163,10 @@ async fn publish(addr: SocketAddr, n: u64, test: &'static str) {
 }
 
 /// A real Mosquitto on a free loopback port, killed when dropped.
-async fn mosquitto(dir: &Path) -> (tokio::process::Child, SocketAddr) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let conf = dir.join("mosquitto.conf");
-    let lines = format!(
-        "listener {port} 127.0.0.1\npersistence false\nallow_anonymous true\nuser root\n\
-         max_queued_messages 100000\n"
-    );
-    std::fs::write(&conf, lines).unwrap();
-    // Installed by deploy/scripts/install-test-deps.sh.
-    let child = tokio::process::Command::new("/usr/sbin/mosquitto")
-        .arg("-c")
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("mosquitto: run deploy/scripts/install-test-deps.sh");
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    tokio::time::timeout(WAIT, async {
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("mosquitto did not start");
-    (child, addr)
+async fn mosquitto(dir: &Path) -> (Mosquitto, SocketAddr) {
+    let broker = Mosquitto::start(dir, &[], "", &[]).await.expect("mosquitto");
+    let addr = SocketAddr::from(([127, 0, 0, 1], broker.port));
+    (broker, addr)
 }
 
 /// A TCP proxy to `upstream`. `cut` ends every connection open at the
