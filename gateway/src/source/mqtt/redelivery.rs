@@ -520,8 +520,10 @@ impl Redelivery {
         if followed.is_some_and(|f| *f == Fingerprint::of(topic, payload)) {
             state.suspect = None;
             state.closed_on_barrier = 0;
-            self.suspecting.store(false, Ordering::Relaxed);
         }
+        // Also cleared when giving up meanwhile, which cannot reach the
+        // flag: the next message is not looked at for nothing.
+        self.suspecting.store(state.suspect.is_some(), Ordering::Relaxed);
     }
 
     /// Resolves after a barrier was answered, for the processor to queue
