@@ -53,8 +53,13 @@ pub fn server_binary() -> Option<PathBuf> {
     })
 }
 
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// `n` distinct free loopback ports. The listeners are held until all are
+/// picked: one dropped before the next bind may be handed out again, and two
+/// nodes of a cluster given one port end with one node answering for both.
+pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let held: Vec<TcpListener> =
+        (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    Ok(held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?)
 }
 
 impl ClickHouse {
@@ -104,10 +109,10 @@ impl ClickHouse {
         }
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
-            server.http_port = free_port()?;
-            server.tcp_port = free_port()?;
+            let ports = free_ports(3)?;
+            (server.http_port, server.tcp_port) = (ports[0], ports[1]);
             if tls {
-                server.https_port = free_port()?;
+                server.https_port = ports[2];
             }
             match server.launch(&binary).await {
                 Ok(()) => return Ok(server),
@@ -219,7 +224,7 @@ impl ClickHouse {
             if let Ok(response) = http.get(&ping).send().await
                 && response.status().is_success()
             {
-                return Ok(());
+                return self.confirm_identity(&http).await;
             }
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait()?
@@ -240,6 +245,32 @@ impl ClickHouse {
             // Polling: the server offers no readiness notification.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Fails when the server answering on our HTTP port is not ours: a
+    /// port picked as free can be bound by another process first, and then
+    /// our server exits while the other one answers `/ping` in its place.
+    async fn confirm_identity(&mut self, http: &reqwest::Client) -> Result<()> {
+        let answer = http
+            .post(self.url())
+            .body("SELECT data_path FROM system.databases WHERE name = 'system'")
+            .send()
+            .await
+            .context("ask the server for its data path")?
+            .text()
+            .await?;
+        let ours = self.dir.path().join("data");
+        if Path::new(answer.trim()).starts_with(&ours) {
+            return Ok(());
+        }
+        self.kill();
+        bail!(
+            "port {} is served by another process (data path {:?}, ours under {}): {}",
+            self.http_port,
+            answer.trim(),
+            ours.display(),
+            self.log_tail()
+        )
     }
 
     /// The last lines of the server's error log, for failure messages.
@@ -332,3 +363,19 @@ const USERS_XML: &str = r#"<?xml version="1.0"?>
     <quotas><default></default></quotas>
 </yandex>
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_server_whose_port_another_server_answers_on_does_not_start() {
+        let first = ClickHouse::start().await.unwrap();
+        let tcp = free_ports(1).unwrap()[0];
+        // The second cannot bind the first's HTTP port and exits, while the
+        // first answers `/ping` there.
+        let second = ClickHouse::start_with(first.http_port, tcp, String::new()).await;
+        let error = second.err().expect("a server answering for another is refused");
+        assert!(format!("{error:#}").contains("served by another process"), "{error:#}");
+    }
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{ClickHouse, free_port};
+use super::{ClickHouse, free_ports};
 
 /// The cluster's name in `remote_servers`.
 pub const CLUSTER: &str = "opgraph";
@@ -49,10 +49,8 @@ impl Cluster {
     async fn try_start(shards: usize, replicas: usize) -> Result<Cluster> {
         let zookeeper = ZooKeeper::start().await?;
         // (http, tcp, interserver) per node, shard-major.
-        let mut ports = Vec::new();
-        for _ in 0..shards * replicas {
-            ports.push((free_port()?, free_port()?, free_port()?));
-        }
+        let ports: Vec<(u16, u16, u16)> =
+            free_ports(3 * shards * replicas)?.chunks(3).map(|p| (p[0], p[1], p[2])).collect();
         let remote_servers: String = ports
             .chunks(replicas)
             .map(|shard| {
@@ -145,7 +143,7 @@ impl ZooKeeper {
              (Debian's zookeeper package), as the project's test command does",
         )?;
         let dir = tempfile::Builder::new().prefix("opgraph-zookeeper-").tempdir()?;
-        let port = free_port()?;
+        let port = free_ports(1)?[0];
         let data = dir.path().join("data");
         std::fs::create_dir_all(&data)?;
         let config = dir.path().join("zoo.cfg");
