@@ -90,15 +90,15 @@ impl IntoResponse for ApiError {
 
 /// `GET /health`: the buffer's counters, the uplink's state, each device
 /// source's (`sources`, see `source/health.rs`), and `degraded` when the
-/// disk fails, the cloud cannot be reached or a source is disconnected.
-/// Always
+/// disk fails, the cloud cannot be reached, a source is disconnected or an
+/// MQTT source stopped recognising resends. Always
 /// 200: the gateway is up and keeps buffering either way; `status` says
 /// `ok` or `degraded`.
 async fn health(State(state): State<HttpState>) -> impl IntoResponse {
     let stats = state.buffer.stats();
     let uplink = state.uplink.borrow().clone();
     let uplink_failing = !uplink.connected && uplink.last_error.is_some();
-    let degraded = stats.degraded || uplink_failing || state.sources.any_disconnected();
+    let degraded = stats.degraded || uplink_failing || state.sources.any_degraded();
     axum::Json(json!({
         "status": if degraded { "degraded" } else { "ok" },
         "degraded": degraded,

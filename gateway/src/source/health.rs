@@ -27,6 +27,9 @@ pub struct SourceHealth {
     clock_skew: AtomicU64,
     throttled: AtomicU64,
     resent: AtomicU64,
+    /// An MQTT source stopped recognising what its broker sends again
+    /// (see `mqtt/redelivery.rs`): copies may be stored twice meanwhile.
+    resend_check_given_up: AtomicBool,
     rejected: Mutex<BTreeMap<&'static str, u64>>,
     last_error: Mutex<Option<String>>,
     /// Ms since the epoch of the last rejection logged as a warning.
@@ -46,6 +49,7 @@ impl SourceHealth {
             clock_skew: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
             resent: AtomicU64::new(0),
+            resend_check_given_up: AtomicBool::new(false),
             rejected: Mutex::new(BTreeMap::new()),
             last_error: Mutex::new(None),
             last_warning_ms: AtomicI64::new(i64::MIN),
@@ -99,6 +103,15 @@ impl SourceHealth {
         self.resent.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The source stopped (`true`) or resumed recognising resends.
+    pub fn set_resend_check_given_up(&self, given_up: bool) {
+        self.resend_check_given_up.store(given_up, Ordering::Relaxed);
+    }
+
+    fn resend_check_given_up(&self) -> bool {
+        self.resend_check_given_up.load(Ordering::Relaxed)
+    }
+
     /// Whether a rejection at `now_ms` may be logged as a warning: at most
     /// one a second per source.
     pub fn may_warn(&self, now_ms: i64) -> bool {
@@ -137,6 +150,7 @@ impl SourceHealth {
             "clock_skew_total": self.clock_skew.load(Ordering::Relaxed),
             "throttled_total": self.throttled.load(Ordering::Relaxed),
             "resent_total": self.resent.load(Ordering::Relaxed),
+            "resend_check_given_up": self.resend_check_given_up(),
             "last_error": self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         })
     }
@@ -158,9 +172,10 @@ impl SourceSet {
         Value::Array(self.sources.iter().map(|s| s.to_json()).collect())
     }
 
-    /// Whether any source is not connected to its device or broker.
-    pub fn any_disconnected(&self) -> bool {
-        self.sources.iter().any(|s| !s.connected())
+    /// Whether any source is not connected to its device or broker, or
+    /// stopped recognising resends (its guarantee fell to at least once).
+    pub fn any_degraded(&self) -> bool {
+        self.sources.iter().any(|s| !s.connected() || s.resend_check_given_up())
     }
 }
 
@@ -192,13 +207,18 @@ impl Collector for SourceCollector {
         }
         let labels =
             |s: &SourceHealth| SourceLabels { source: s.name.clone(), kind: s.kind.into() };
-        let gauges: [Metric<i64>; 2] = [
+        let gauges: [Metric<i64>; 3] = [
             ("source_connected", "1 while the source is connected to its device or broker", |s| {
                 i64::from(s.connected())
             }),
             ("source_last_message_ms", "Time of the last message, ms since the epoch", |s| {
                 s.last_message_ms.load(Ordering::Relaxed)
             }),
+            (
+                "source_resend_check_given_up",
+                "1 while resends of the broker are not recognised (may be stored twice)",
+                |s| i64::from(s.resend_check_given_up()),
+            ),
         ];
         for (name, help, read) in gauges {
             let gauge = ConstGauge::new(0i64);
@@ -262,5 +282,18 @@ mod tests {
         assert!(!health.may_warn(10_500));
         assert!(health.may_warn(11_000));
         assert!(!health.may_warn(11_999));
+    }
+
+    #[test]
+    fn a_source_that_stopped_recognising_resends_degrades_the_gateway() {
+        let source = Arc::new(SourceHealth::new("s", "mqtt"));
+        source.set_connected(true);
+        let set = SourceSet::new(vec![Arc::clone(&source)]);
+        assert!(!set.any_degraded());
+        source.set_resend_check_given_up(true);
+        assert!(set.any_degraded());
+        assert_eq!(set.to_json()[0]["resend_check_given_up"], true);
+        source.set_resend_check_given_up(false);
+        assert!(!set.any_degraded());
     }
 }

@@ -446,10 +446,11 @@ impl Source for MqttSource {
 
     async fn run(self: Box<Self>, intake: Intake, shutdown: CancellationToken) -> Result<()> {
         let this = *self;
-        let redelivery = Arc::new(match &this.redelivery_file {
+        let redelivery = match &this.redelivery_file {
             Some((path, sync)) => Redelivery::open(path, &this.name, *sync),
             None => Redelivery::in_memory(),
-        });
+        };
+        let redelivery = Arc::new(redelivery.reporting_to(Arc::clone(intake.health())));
         if let Some(from_seq) = redelivery.interrupted_append() {
             redelivery.recover(&read_back(intake.buffer(), from_seq, &this.name).await);
         }

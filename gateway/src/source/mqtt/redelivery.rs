@@ -58,6 +58,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::source::SourceHealth;
+
 use crate::buffer::Record;
 
 /// Most messages remembered; beyond it the oldest are forgotten (they
@@ -117,6 +119,8 @@ pub struct Redelivery {
     /// `State::suspect` is set: the poller looks at what arrives (read
     /// without the lock on every message).
     suspecting: AtomicBool,
+    /// Where a give-up and a try again show (`/health`, `/metrics`).
+    health: Option<Arc<SourceHealth>>,
 }
 
 #[derive(Debug, Default)]
@@ -318,7 +322,23 @@ impl Redelivery {
             session_present: true,
             ..State::default()
         };
-        Redelivery { state: Mutex::new(state), answered: Notify::new(), suspecting: false.into() }
+        Redelivery {
+            state: Mutex::new(state),
+            answered: Notify::new(),
+            suspecting: false.into(),
+            health: None,
+        }
+    }
+
+    /// Shows in `health` when the broker is given up on and tried again.
+    pub fn reporting_to(self, health: Arc<SourceHealth>) -> Redelivery {
+        Redelivery { health: Some(health), ..self }
+    }
+
+    fn report_given_up(&self, given_up: bool) {
+        if let Some(health) = &self.health {
+            health.set_resend_check_given_up(given_up);
+        }
     }
 
     /// Where a source keeps its list: in `dir`, named after the source
@@ -409,12 +429,14 @@ impl Redelivery {
             tracing::info!("trying again to recognise messages the MQTT broker sends again");
             state.given_up = None;
             state.closed_on_barrier = 0;
+            self.report_given_up(false);
         }
         let current = state.connection;
         if state.barrier.is_some_and(|b| {
             b.written.is_some_and(|(_, at, on)| on == current && at.elapsed() > BARRIER_PATIENCE)
         }) {
             state.give_up("answers no UNSUBSCRIBE of a filter never subscribed");
+            self.report_given_up(true);
             return;
         }
         let messages = messages.into_iter().filter(|(pkid, _)| *pkid != 0);
@@ -494,6 +516,7 @@ impl Redelivery {
             if !followed.is_empty() {
                 if state.closed_on_barrier + 1 >= CLOSED_ON_BARRIER {
                     state.give_up("closed the connection after an UNSUBSCRIBE of a filter never subscribed, three times in a row");
+                    self.report_given_up(true);
                 } else {
                     state.suspect = Some(followed);
                 }
@@ -862,7 +885,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_broker_that_answers_no_barrier_is_given_up_on() {
-        let r = Redelivery::in_memory();
+        let health = Arc::new(SourceHealth::new("s", "mqtt"));
+        let given_up = || health.to_json()["resend_check_given_up"] == true;
+        let r = Redelivery::in_memory().reporting_to(Arc::clone(&health));
         r.connected(1, true);
         r.acknowledging(1, [(1, fp("a"))]);
         assert!(r.barrier_due());
@@ -882,9 +907,11 @@ mod tests {
         assert_eq!(r.remembered(), 4);
         // A minute on with messages flowing and no answer: given up.
         tokio::time::advance(BARRIER_PATIENCE).await;
+        assert!(!given_up());
         r.acknowledging(2, [(4, fp("d"))]);
         assert_eq!(r.remembered(), 0);
         assert!(!r.barrier_due());
+        assert!(given_up(), "shown in health");
         r.connected(3, true);
         assert_eq!(r.resent(3, fps(&["a", "b"])), [false, false]);
         r.acknowledging(3, [(5, fp("e"))]);
@@ -892,6 +919,7 @@ mod tests {
         // An hour on, it tries again, with a barrier of its own.
         tokio::time::advance(RETRY_AFTER).await;
         r.acknowledging(3, [(6, fp("f"))]);
+        assert!(!given_up());
         assert_eq!(r.remembered(), 1);
         assert!(r.barrier_due());
         r.barrier_written(3);
@@ -901,7 +929,8 @@ mod tests {
 
     #[test]
     fn a_broker_that_closes_connections_on_a_barrier_is_given_up_on() {
-        let r = Redelivery::in_memory();
+        let health = Arc::new(SourceHealth::new("s", "mqtt"));
+        let r = Redelivery::in_memory().reporting_to(Arc::clone(&health));
         let mut serial = 0;
         let mut connection = |r: &Redelivery, n: u64, answered: bool| {
             r.connected(n, true);
@@ -927,9 +956,11 @@ mod tests {
         connection(&r, 4, false);
         connection(&r, 5, false);
         assert!(r.remembered() > 0);
+        assert_eq!(health.to_json()["resend_check_given_up"], false);
         // The third in a row.
         connection(&r, 6, false);
         assert_eq!(r.remembered(), 0);
+        assert_eq!(health.to_json()["resend_check_given_up"], true);
         r.acknowledging(7, [(1, fp("x"))]);
         assert!(!r.barrier_due(), "no more barriers");
     }

@@ -564,6 +564,7 @@ async fn a_broker_that_closes_the_connection_on_a_barrier_is_given_up_on() {
     let (counts, closed, health) = through_closing_proxy(OnBarrier::Close, N, "strict").await;
     assert_eq!(counts.len() as u64, N);
     assert_eq!(closed, redelivery::CLOSED_ON_BARRIER, "{health}");
+    assert_eq!(health["resend_check_given_up"], true, "{health}");
 }
 
 /// A link that fails again and again before the broker reads the acks and
@@ -579,4 +580,5 @@ async fn connections_cut_before_the_broker_read_the_barrier_are_not_given_up_on(
     assert!(twice.is_empty(), "{} stored twice: {twice:?}", twice.len());
     assert_eq!(closed, CUTS);
     assert!(health["resent_total"].as_u64().unwrap() > 0, "{health}");
+    assert_eq!(health["resend_check_given_up"], false, "{health}");
 }
