@@ -17,8 +17,8 @@ use anyhow::{Context, Result, bail};
 
 pub mod cluster;
 
-/// How long a server may take to answer `/ping` (18.16 needs well under a
-/// second here; the margin is for a loaded CI machine).
+/// How long a server may take to answer (18.16 needs well under a second
+/// here; the margin is for a loaded CI machine).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// A port picked as free may be taken before the server binds it.
 const START_ATTEMPTS: usize = 3;
@@ -63,7 +63,7 @@ pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>> {
 }
 
 impl ClickHouse {
-    /// Starts a fresh, empty server and waits until it answers `/ping`.
+    /// Starts a fresh, empty server and waits until it answers.
     /// Fails (never skips) when the server is not installed.
     pub async fn start() -> Result<ClickHouse> {
         Self::start_fresh(String::new(), "", false).await
@@ -218,13 +218,34 @@ impl ClickHouse {
             .with_context(|| format!("spawn {}", binary.display()))?;
         self.child = Some(child);
         let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
-        let ping = format!("{}/ping", self.url());
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Ok(response) = http.get(&ping).send().await
-                && response.status().is_success()
-            {
-                return self.confirm_identity(&http).await;
+            // Where the answering server keeps its data, rather than
+            // `/ping`: a port picked as free can be bound by another
+            // process first, and then our server exits while the other
+            // one answers in its place.
+            let answer = async {
+                http.post(self.url())
+                    .body("SELECT data_path FROM system.databases WHERE name = 'system'")
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .text()
+                    .await
+            };
+            if let Ok(path) = answer.await {
+                let ours = self.dir.path().join("data");
+                if Path::new(path.trim()).starts_with(&ours) {
+                    return Ok(());
+                }
+                self.kill();
+                bail!(
+                    "port {} is served by another process (data path {:?}, ours under {}): {}",
+                    self.http_port,
+                    path.trim(),
+                    ours.display(),
+                    self.log_tail()
+                );
             }
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait()?
@@ -238,39 +259,13 @@ impl ClickHouse {
             if Instant::now() > deadline {
                 self.kill();
                 bail!(
-                    "clickhouse-server did not answer /ping within {START_TIMEOUT:?}: {}",
+                    "clickhouse-server did not answer within {START_TIMEOUT:?}: {}",
                     self.log_tail()
                 );
             }
             // Polling: the server offers no readiness notification.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
-
-    /// Fails when the server answering on our HTTP port is not ours: a
-    /// port picked as free can be bound by another process first, and then
-    /// our server exits while the other one answers `/ping` in its place.
-    async fn confirm_identity(&mut self, http: &reqwest::Client) -> Result<()> {
-        let answer = http
-            .post(self.url())
-            .body("SELECT data_path FROM system.databases WHERE name = 'system'")
-            .send()
-            .await
-            .context("ask the server for its data path")?
-            .text()
-            .await?;
-        let ours = self.dir.path().join("data");
-        if Path::new(answer.trim()).starts_with(&ours) {
-            return Ok(());
-        }
-        self.kill();
-        bail!(
-            "port {} is served by another process (data path {:?}, ours under {}): {}",
-            self.http_port,
-            answer.trim(),
-            ours.display(),
-            self.log_tail()
-        )
     }
 
     /// The last lines of the server's error log, for failure messages.
@@ -373,7 +368,7 @@ mod tests {
         let first = ClickHouse::start().await.unwrap();
         let tcp = free_ports(1).unwrap()[0];
         // The second cannot bind the first's HTTP port and exits, while the
-        // first answers `/ping` there.
+        // first answers there.
         let second = ClickHouse::start_with(first.http_port, tcp, String::new()).await;
         let error = second.err().expect("a server answering for another is refused");
         assert!(format!("{error:#}").contains("served by another process"), "{error:#}");
