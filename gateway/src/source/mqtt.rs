@@ -121,8 +121,9 @@ pub struct MqttSourceConfig {
     /// Needs a broker that answers an UNSUBSCRIBE of a filter never
     /// subscribed, as MQTT requires. One that does not is detected (after a
     /// minute without an answer, or three connections in a row closed on
-    /// one) and the source falls back to at least once, with a warning,
-    /// for an hour before it tries again.
+    /// one) and the source falls back to at least once, with a warning and
+    /// `resend_check_given_up` in its health, for an hour before it tries
+    /// again.
     /// Default `true`; `false` skips the check (and those reconnects).
     pub recognise_resends: bool,
     /// A device time further than this from the receive time is replaced by
