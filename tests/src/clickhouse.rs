@@ -8,12 +8,13 @@
 //! senders and cluster examples a test does not want, and a generated file
 //! does not depend on how a given release lays its defaults out.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+
+use crate::free_ports;
 
 pub mod cluster;
 
@@ -51,15 +52,6 @@ pub fn server_binary() -> Option<PathBuf> {
             .map(PathBuf::from)
             .find(|p| p.is_file())
     })
-}
-
-/// `n` distinct free loopback ports. The listeners are held until all are
-/// picked: one dropped before the next bind may be handed out again, and two
-/// nodes of a cluster given one port end with one node answering for both.
-pub(crate) fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let held: Vec<TcpListener> =
-        (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    Ok(held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?)
 }
 
 impl ClickHouse {

@@ -171,6 +171,15 @@ pub struct Cloud {
     _tmp: Option<tempfile::TempDir>,
 }
 
+/// `n` distinct free loopback ports. The listeners are held until all are
+/// picked: one dropped before the next bind may be handed out again, and
+/// two servers given one port end with one answering for both.
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let held: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    Ok(held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?)
+}
+
 /// An HTTP client for API tests: a minute at most per request, so a hung
 /// cloud fails the test instead of stalling it.
 pub fn client() -> reqwest::Client {

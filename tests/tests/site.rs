@@ -7,16 +7,13 @@ use opgraph_tests::Process;
 use opgraph_tests::edge::{DELIVERY_TIMEOUT, eventually};
 use serde_json::Value;
 
-fn free_port() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
 #[tokio::test]
 async fn the_local_site_carries_events_from_every_device_kind() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("site");
-    let [http, grpc, gateway, mqtt, modbus] = [(); 5].map(|()| free_port());
+    let ports = opgraph_tests::free_ports(5).unwrap();
+    let [http, grpc, gateway, mqtt, modbus] =
+        [0, 1, 2, 3, 4].map(|i| format!("127.0.0.1:{}", ports[i]));
     let args = [
         "--dir",
         &dir.display().to_string(),

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{ClickHouse, free_ports};
+use super::ClickHouse;
+use crate::free_ports;
 
 /// The cluster's name in `remote_servers`.
 pub const CLUSTER: &str = "opgraph";
