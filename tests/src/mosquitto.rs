@@ -51,6 +51,27 @@ pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Whether process `pid` holds the listening socket on 127.0.0.1:`port`:
+/// the socket's inode, from `/proc/net/tcp`, among the process's open
+/// files. A connection that succeeds proves less: when another process
+/// took the port first, Mosquitto exits, and the other one accepts.
+fn listens_on(pid: u32, port: u16) -> Result<bool> {
+    let table = std::fs::read_to_string("/proc/net/tcp").context("read /proc/net/tcp")?;
+    // Address and port in hex, the address in network byte order read as
+    // a little-endian word; state 0A is LISTEN.
+    let local = format!("0100007F:{port:04X}");
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let listening = fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A");
+        listening.then(|| fields.get(9).map(|inode| format!("socket:[{inode}]"))).flatten()
+    });
+    let Some(socket) = inode else {
+        return Ok(false);
+    };
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?;
+    Ok(fds.flatten().any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l == Path::new(&socket))))
+}
+
 impl Mosquitto {
     /// Starts Mosquitto with its files in `dir/mosquitto`: a listener on a
     /// free loopback port, `logins` (none: anonymous clients), no
@@ -145,8 +166,11 @@ impl Mosquitto {
                 .with_context(|| format!("mosquitto not accepting on port {port}"))??;
         }
         // Something else may answer on a port Mosquitto could not bind.
-        if mosquitto.child.try_wait()?.is_some() {
-            return Err(Exited.into());
+        let pid = mosquitto.child.id().ok_or(Exited)?;
+        for port in [port].iter().chain(extra_ports) {
+            if !listens_on(pid, *port)? {
+                return Err(Exited.into());
+            }
         }
         Ok(mosquitto)
     }
@@ -185,5 +209,15 @@ mod tests {
         let mosquitto = Mosquitto::start_on(dir.path(), &[], "", &[], pick).await.unwrap();
         assert_ne!(mosquitto.port, taken_port);
         TcpStream::connect(("127.0.0.1", mosquitto.port)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_port_another_process_listens_on_is_not_taken_for_mosquittos() {
+        let dir = tempfile::tempdir().unwrap();
+        // Connections to it succeed, as they would to Mosquitto.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_port = taken.local_addr().unwrap().port();
+        let once = Mosquitto::start_once(dir.path(), &[], "", &[], taken_port).await;
+        assert!(once.as_ref().is_err_and(|e| e.is::<Exited>()), "{:?}", once.err());
     }
 }
