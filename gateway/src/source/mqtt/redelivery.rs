@@ -58,9 +58,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::source::SourceHealth;
-
 use crate::buffer::Record;
+use crate::source::SourceHealth;
 
 /// Most messages remembered; beyond it the oldest are forgotten (they
 /// would be stored again if resent). A barrier answered every round trip
@@ -119,8 +118,6 @@ pub struct Redelivery {
     /// `State::suspect` is set: the poller looks at what arrives (read
     /// without the lock on every message).
     suspecting: AtomicBool,
-    /// Where a give-up and a try again show (`/health`, `/metrics`).
-    health: Option<Arc<SourceHealth>>,
 }
 
 #[derive(Debug, Default)]
@@ -175,6 +172,8 @@ struct State {
     up: bool,
     /// Whether the broker kept the session for it.
     session_present: bool,
+    /// Where a give-up and a try again show (`/health`, `/metrics`).
+    health: Option<Arc<SourceHealth>>,
 }
 
 /// The list's two files (`<name>.unacked` and `<name>.unacked.b`).
@@ -322,23 +321,13 @@ impl Redelivery {
             session_present: true,
             ..State::default()
         };
-        Redelivery {
-            state: Mutex::new(state),
-            answered: Notify::new(),
-            suspecting: false.into(),
-            health: None,
-        }
+        Redelivery { state: Mutex::new(state), answered: Notify::new(), suspecting: false.into() }
     }
 
     /// Shows in `health` when the broker is given up on and tried again.
     pub fn reporting_to(self, health: Arc<SourceHealth>) -> Redelivery {
-        Redelivery { health: Some(health), ..self }
-    }
-
-    fn report_given_up(&self, given_up: bool) {
-        if let Some(health) = &self.health {
-            health.set_resend_check_given_up(given_up);
-        }
+        self.lock().health = Some(health);
+        self
     }
 
     /// Where a source keeps its list: in `dir`, named after the source
@@ -426,17 +415,13 @@ impl Redelivery {
             if since.elapsed() < RETRY_AFTER {
                 return;
             }
-            tracing::info!("trying again to recognise messages the MQTT broker sends again");
-            state.given_up = None;
-            state.closed_on_barrier = 0;
-            self.report_given_up(false);
+            state.try_again();
         }
         let current = state.connection;
         if state.barrier.is_some_and(|b| {
             b.written.is_some_and(|(_, at, on)| on == current && at.elapsed() > BARRIER_PATIENCE)
         }) {
             state.give_up("answers no UNSUBSCRIBE of a filter never subscribed");
-            self.report_given_up(true);
             return;
         }
         let messages = messages.into_iter().filter(|(pkid, _)| *pkid != 0);
@@ -516,7 +501,6 @@ impl Redelivery {
             if !followed.is_empty() {
                 if state.closed_on_barrier + 1 >= CLOSED_ON_BARRIER {
                     state.give_up("closed the connection after an UNSUBSCRIBE of a filter never subscribed, three times in a row");
-                    self.report_given_up(true);
                 } else {
                     state.suspect = Some(followed);
                 }
@@ -604,6 +588,7 @@ impl State {
             "the MQTT broker {why}: messages it sends again after a lost connection or a crash may be stored twice for the next hour (set recognise_resends = false to skip this check)"
         );
         self.given_up = Some(Instant::now());
+        self.report_given_up(true);
         // Its answer, should one come, covers nothing remembered now; out
         // when trying again, it would be taken for unanswered.
         self.barrier = None;
@@ -612,6 +597,20 @@ impl State {
         self.unacked.clear();
         self.matched.clear();
         self.persist(true);
+    }
+
+    /// Ends a give-up: the broker is tried again.
+    fn try_again(&mut self) {
+        tracing::info!("trying again to recognise messages the MQTT broker sends again");
+        self.given_up = None;
+        self.closed_on_barrier = 0;
+        self.report_given_up(false);
+    }
+
+    fn report_given_up(&self, given_up: bool) {
+        if let Some(health) = &self.health {
+            health.set_resend_check_given_up(given_up);
+        }
     }
 
     /// Writes the list (see [`State::write`]); with `sync`, syncs it, and
