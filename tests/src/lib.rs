@@ -14,6 +14,9 @@ pub mod edge;
 pub mod https_endpoint;
 pub mod loop_disk;
 pub mod mosquitto;
+pub mod ports;
+
+pub use ports::free_ports;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -169,15 +172,6 @@ pub struct Cloud {
     pub key: String,
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
-}
-
-/// `n` distinct free loopback ports. The listeners are held until all are
-/// picked: one dropped before the next bind may be handed out again, and
-/// two servers given one port end with one answering for both.
-pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let held: Vec<std::net::TcpListener> =
-        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    Ok(held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?)
 }
 
 /// An HTTP client for API tests: a minute at most per request, so a hung

@@ -10,6 +10,8 @@ use anyhow::{Context, Result, bail};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
+use super::ports::free_ports;
+
 /// How long Mosquitto may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Starts on a fresh port after Mosquitto exited at start.
@@ -46,9 +48,9 @@ pub fn system_binary(name: &str) -> Result<PathBuf> {
         })
 }
 
-/// A loopback port free at the time of asking.
+/// A loopback port for one listener ([`free_ports`]).
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(free_ports(1)?[0])
 }
 
 /// Whether process `pid` holds the listening socket on 127.0.0.1:`port`:

@@ -663,7 +663,7 @@ async fn append(
     }
 }
 
-/// The tests crate's power-cut disk and Mosquitto, for the tests of both
+/// The tests crate's power-cut disk, Mosquitto and its ports, for the tests of both
 /// MQTT sources: this crate cannot depend on that one.
 #[cfg(test)]
 #[path = "../../../tests/src/loop_disk.rs"]
@@ -672,6 +672,9 @@ mod loop_disk;
 #[path = "../../../tests/src/mosquitto.rs"]
 #[allow(dead_code, reason = "the tests crate's helper, of which these tests need a part")]
 mod mosquitto;
+#[cfg(test)]
+#[path = "../../../tests/src/ports.rs"]
+mod ports;
 #[cfg(test)]
 mod resend_tests;
 
