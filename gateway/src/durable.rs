@@ -1,7 +1,7 @@
 //! Small files replaced whole, so that a crash or a power cut leaves the
 //! old content or the new, never a mix: written beside, synced, renamed
-//! over, the directory synced (the buffer's cursor and id, the ingest
-//! endpoint's journal when compacted).
+//! over, the directory synced (the buffer's cursor and id; the ingest
+//! endpoint's journal takes the same steps when compacted, in two parts).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -14,6 +14,11 @@ pub(crate) fn replace(tmp: &Path, path: &Path, bytes: &[u8]) -> io::Result<()> {
     file.sync_all()?;
     drop(file);
     std::fs::rename(tmp, path)?;
+    sync_parent(path)
+}
+
+/// fsyncs the directory that holds `path`, so that its rename lasts.
+pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
     // A bare file name's parent is "", which cannot be opened: it means
     // the working directory.
     match path.parent() {
