@@ -971,6 +971,29 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_whose_entry_makes_the_journal_due_is_named_by_the_rewrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.acked");
+        let acked = Acked::open(&path, "test", 10, true);
+        let p = publish(1, "r1");
+        let no_publishes: [&Publish; 0] = [];
+        for from_seq in 0..10_000u64 {
+            let before = std::fs::metadata(&path).unwrap().len();
+            let records = vec![record(&p); 1000];
+            let number = acked.appending(Batch { client: "dev".into(), from_seq, records });
+            if std::fs::metadata(&path).unwrap().len() < before {
+                // Rewritten by this batch's entry, and stopped mid-append.
+                drop(acked);
+                let next = Acked::open(&path, "test", 10, true);
+                assert_eq!(next.interrupted_from(), Some(from_seq));
+                return;
+            }
+            acked.acknowledging("dev", Some(number), no_publishes);
+        }
+        panic!("the journal was never rewritten");
+    }
+
+    #[test]
     fn entry_sizes_are_reckoned_exactly() {
         let p = publish(3, "r3");
         let batch = Batch { client: "dev-1".into(), from_seq: 5, records: vec![record(&p); 3] };
