@@ -251,14 +251,7 @@ impl Intake {
                 Some(record)
             }
             Err(reject) => {
-                self.health.rejected(reject.reason());
-                // A device sending garbage at full speed must not flood the
-                // log: one warning a second, the rest at debug (all counted).
-                if self.health.may_warn(now_ms) {
-                    tracing::warn!(source = %self.health.name, reason = reject.reason(), "message rejected: {reject}");
-                } else {
-                    tracing::debug!(source = %self.health.name, reason = reject.reason(), "message rejected: {reject}");
-                }
+                self.health.reject(reject.reason(), &reject, now_ms);
                 None
             }
         }

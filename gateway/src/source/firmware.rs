@@ -143,12 +143,7 @@ impl Source for FirmwareSource {
 async fn settle(intake: &Intake, session: &mut Session, step: Step, source: &str) -> Vec<u8> {
     let now = now_ms();
     for (reason, why) in &step.rejected {
-        intake.health().rejected(reason);
-        if intake.health().may_warn(now) {
-            tracing::warn!(%source, reason, "firmware input rejected: {why}");
-        } else {
-            tracing::debug!(%source, reason, "firmware input rejected: {why}");
-        }
+        intake.health().reject(reason, why, now);
     }
     let records: Vec<Bytes> = step
         .readings

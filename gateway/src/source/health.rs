@@ -123,6 +123,18 @@ impl SourceHealth {
                 .is_ok()
     }
 
+    /// Counts a rejection at `now_ms` and logs `why`. A device sending
+    /// garbage at full speed must not flood the log: one warning a second
+    /// per source, the rest at debug (all counted).
+    pub fn reject(&self, reason: &'static str, why: &dyn std::fmt::Display, now_ms: i64) {
+        self.rejected(reason);
+        if self.may_warn(now_ms) {
+            tracing::warn!(source = %self.name, kind = self.kind, reason, "input rejected: {why}");
+        } else {
+            tracing::debug!(source = %self.name, kind = self.kind, reason, "input rejected: {why}");
+        }
+    }
+
     /// A message did not become an event, for `reason`.
     pub fn rejected(&self, reason: &'static str) {
         let mut rejected = self.rejected.lock().unwrap_or_else(|e| e.into_inner());

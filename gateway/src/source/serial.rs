@@ -464,11 +464,10 @@ pub(super) async fn open_port(
 
 /// Counts what was rejected and appends the events in one durable append.
 async fn deliver(intake: &Intake, decoded: Decoded, source: &str) {
-    for (reason, why) in decoded.rejected {
-        intake.health().rejected(reason);
-        tracing::warn!(%source, reason, "serial input rejected: {why}");
-    }
     let now = now_ms();
+    for (reason, why) in decoded.rejected {
+        intake.health().reject(reason, &why, now);
+    }
     let records: Vec<Bytes> =
         decoded.events.into_iter().filter_map(|m| intake.prepare(Ok(m), now)).collect();
     if records.is_empty() {

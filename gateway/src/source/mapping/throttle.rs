@@ -8,8 +8,17 @@
 //! at least its `deadband`, anything else by any difference. Held-back
 //! messages are acknowledged and counted as `throttled`, never stored.
 //! I/O-free: times are passed in.
+//!
+//! What is remembered per key is a few bytes whatever the message: a hash
+//! of the key, the numbers of the properties with a deadband and hashes of
+//! everything else. Topics and payloads come from devices (a topic may be
+//! 64 KiB long, a payload `max_payload`), and messages reach the throttle
+//! before they are validated: keeping their properties let 100,000 keys
+//! hold gigabytes. Two keys or values that differ yet hash alike (one
+//! chance in 2^64 per pair) would be taken for the same.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -50,7 +59,27 @@ impl ThrottleConfig {
 /// What was last let through, per key.
 #[derive(Debug, Default)]
 pub struct ThrottleState {
-    last: HashMap<String, (i64, Map<String, Value>)>,
+    /// By a hash of the key.
+    last: HashMap<u64, Seen>,
+    /// Keyed at random, so that devices cannot choose colliding hashes.
+    hasher: RandomState,
+}
+
+/// What is kept of a message: its time, and enough to tell a change.
+#[derive(Debug)]
+struct Seen {
+    at: i64,
+    /// Per `deadband` property, in the config's order; `None` when absent.
+    banded: Vec<Option<Kept>>,
+    /// A hash of the other properties, names and values.
+    rest: u64,
+}
+
+/// A property with a deadband: its number, or a hash of anything else.
+#[derive(Debug, PartialEq)]
+enum Kept {
+    Number(f64),
+    Other(u64),
 }
 
 /// Keys remembered at once; beyond it the memory starts over (a burst of
@@ -71,34 +100,48 @@ impl ThrottleState {
         properties: &Map<String, Value>,
         now_ms: i64,
     ) -> bool {
-        let through = match self.last.get(key) {
+        let key = self.hasher.hash_one(key);
+        let now = self.seen(config, properties, now_ms);
+        let through = match self.last.get(&key) {
             None => true,
-            Some((at, last)) => {
-                let elapsed = now_ms.saturating_sub(*at);
+            Some(last) => {
+                let elapsed = now_ms.saturating_sub(last.at);
                 let heartbeat = config.max_interval.is_some_and(|max| elapsed >= ms(max));
-                heartbeat
-                    || (elapsed >= ms(config.min_interval) && changed(last, properties, config))
+                heartbeat || (elapsed >= ms(config.min_interval) && changed(last, &now, config))
             }
         };
         if through {
-            if self.last.len() >= MAX_KEYS && !self.last.contains_key(key) {
+            if self.last.len() >= MAX_KEYS && !self.last.contains_key(&key) {
                 self.last.clear();
             }
-            self.last.insert(key.to_owned(), (now_ms, properties.clone()));
+            self.last.insert(key, now);
         }
         through
     }
+
+    fn seen(&self, config: &ThrottleConfig, properties: &Map<String, Value>, at: i64) -> Seen {
+        let kept = |value: &Value| match value.as_f64() {
+            Some(n) => Kept::Number(n),
+            None => Kept::Other(self.hasher.hash_one(value)),
+        };
+        let banded = config.deadband.keys().map(|name| properties.get(name).map(kept)).collect();
+        // In name order, as the map compares, whatever order it keeps.
+        let mut rest: Vec<(&String, &Value)> =
+            properties.iter().filter(|(name, _)| !config.deadband.contains_key(*name)).collect();
+        rest.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        Seen { at, banded, rest: self.hasher.hash_one(&rest) }
+    }
 }
 
-fn changed(last: &Map<String, Value>, now: &Map<String, Value>, config: &ThrottleConfig) -> bool {
-    let keys = last.keys().chain(now.keys());
-    keys.into_iter().any(|k| {
-        let (a, b) = (last.get(k), now.get(k));
-        match (a.and_then(Value::as_f64), b.and_then(Value::as_f64), config.deadband.get(k)) {
-            (Some(a), Some(b), Some(band)) => (a - b).abs() >= *band && a != b,
+/// A number with a deadband changed by at least the band; anything else
+/// by any difference.
+fn changed(last: &Seen, now: &Seen, config: &ThrottleConfig) -> bool {
+    let bands = last.banded.iter().zip(&now.banded).zip(config.deadband.values());
+    last.rest != now.rest
+        || bands.into_iter().any(|((a, b), band)| match (a, b) {
+            (Some(Kept::Number(a)), Some(Kept::Number(b))) => (a - b).abs() >= *band && a != b,
             _ => a != b,
-        }
-    })
+        })
 }
 
 #[cfg(test)]

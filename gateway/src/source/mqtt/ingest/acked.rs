@@ -328,7 +328,8 @@ impl Acked {
     /// [`Acked::acknowledging`] once it is.
     pub fn appending(&self, batch: Batch) -> u64 {
         let mut state = self.lock();
-        state.next_batch += 1;
+        // From the journal: a crafted one may say u64::MAX.
+        state.next_batch = state.next_batch.checked_add(1).unwrap_or(1);
         let number = state.next_batch;
         let mut entry = Vec::new();
         encode_appending(&mut entry, number, &batch);
