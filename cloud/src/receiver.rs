@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, header};
+use opgraph_proto::validate::{MAX_TIMESTAMP_AGE_MS, MAX_TIMESTAMP_LEAD_MS};
 use opgraph_proto::{Event, pb};
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -384,7 +385,11 @@ impl Receiver {
             if message.id.is_empty() || message.id.len() > MAX_EVENT_ID_LEN {
                 return Err(format!("events[{i}]: id must be 1 to {MAX_EVENT_ID_LEN} bytes"));
             }
-            let received_at = message.received_at_ms.filter(|t| *t > 0 && *t <= now + 86_400_000);
+            // The gateway's clock dates events that carry no timestamp of
+            // their own, so it is held to the window a timestamp must lie
+            // in; one further off gives way to the cloud's.
+            let window = now.saturating_sub(MAX_TIMESTAMP_AGE_MS)..=now + MAX_TIMESTAMP_LEAD_MS;
+            let received_at = message.received_at_ms.filter(|t| window.contains(t));
             let received_at = received_at.unwrap_or(now);
             let id = std::mem::take(&mut message.id);
             let event = Event::from_pb(message, now)

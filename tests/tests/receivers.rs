@@ -322,6 +322,47 @@ async fn grpc_refuses_bad_credentials_and_bad_batches() {
     assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
 }
 
+/// A gateway clock that is decades off does not date its events: a
+/// receive time outside the window an event's own timestamp must lie in
+/// (10 years back, a day ahead) gives way to the cloud's.
+#[tokio::test]
+async fn receive_times_outside_the_timestamp_window_give_way_to_the_clouds() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let mut client = grpc(&cloud).await;
+    let e = hello(&mut client, &cloud.key, "gw-t").await.epoch;
+    let mut sent = batch("gw-t", e, (1, 3), &[1, 2, 3]);
+    sent.events[0].received_at_ms = Some(1);
+    sent.events[1].received_at_ms = Some(i64::MAX);
+    let now = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        i64::try_from(since.as_millis()).unwrap()
+    };
+    let before = now();
+    let acks = send_all(&mut client, &cloud.key, vec![sent]).await;
+    assert_eq!((acks[0].status, acks[0].acked_sequence), (OK, 3), "{acks:?}");
+    let after = now();
+    let body: Value = cloud
+        .http()
+        .get(cloud.at("/api/events?event=tote.moved"))
+        .bearer_auth(&cloud.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let time_of = |seq: u64| {
+        let id = format!("evt_test{seq:020}");
+        let events = body["events"].as_array().unwrap();
+        let event = events.iter().find(|e| e["id"] == id.as_str()).unwrap();
+        event["timestamp"].as_i64().unwrap()
+    };
+    for seq in [1, 2] {
+        assert!((before..=after).contains(&time_of(seq)), "seq {seq}: {body}");
+    }
+    assert_eq!(time_of(3), 1_795_000_000_000, "a receive time in the window dates its event");
+}
+
 /// Sequences past what the stores hold (2^63 - 1) are refused, naming the
 /// range, and the stream (or QUIC connection) carries on: the next batch
 /// on it is answered.

@@ -134,7 +134,12 @@ fn link_problem(row: &ReceiptRow, previous: Option<&(i64, String)>) -> Option<St
     }
     let (expected_sequence, expected_prev) = match previous {
         None => (1, GENESIS_HASH),
-        Some((sequence, hash)) => (sequence + 1, hash.as_str()),
+        // A stored sequence is outside input too: one at the end of the
+        // range (written into the table by hand) is a break, not a panic.
+        Some((sequence, hash)) => match sequence.checked_add(1) {
+            Some(next) => (next, hash.as_str()),
+            None => return Some(format!("sequence {sequence} cannot be followed by another")),
+        },
     };
     if row.sequence != expected_sequence {
         return Some(format!(
@@ -234,6 +239,15 @@ mod tests {
         rows.remove(1);
         let broken = verify(&rows).first_broken.unwrap();
         assert!(broken.reason.contains("sequence gap"), "{}", broken.reason);
+    }
+
+    #[test]
+    fn a_sequence_at_the_end_of_the_range_is_a_break_not_a_panic() {
+        let mut rows = chain("key_a", 3);
+        rows[1].sequence = i64::MAX;
+        let report = verify(&rows);
+        assert!(!report.valid);
+        assert_eq!(report.checked_receipts, 3, "every receipt is still checked");
     }
 
     #[test]

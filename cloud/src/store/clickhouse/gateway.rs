@@ -143,6 +143,12 @@ fn key(ws: &str, gateway: &str) -> Key {
     (ws.to_owned(), gateway.to_owned())
 }
 
+/// Sessions kept in memory at most. Gateway ids are the caller's choice
+/// (any key with the ingest scope may say Hello under a new one), so past
+/// this a session the store holds whole is forgotten for each new one: it
+/// is read back at its next use.
+const MAX_KNOWN_SESSIONS: usize = 100_000;
+
 /// Sessions as this process last read or wrote them, and the commit rows
 /// in flight, by workspace and gateway.
 #[derive(Default)]
@@ -163,10 +169,26 @@ impl KnownSessions {
     /// `None` forgets the session: its next use reads it back.
     fn set(&self, ws: &str, gateway: &str, session: Option<Known>) -> Result<()> {
         let mut map = self.known.lock().map_err(poisoned)?;
+        let key = key(ws, gateway);
         match session {
-            Some(session) => map.insert(key(ws, gateway), session),
-            None => map.remove(&key(ws, gateway)),
-        };
+            Some(session) => {
+                if map.len() >= MAX_KNOWN_SESSIONS && !map.contains_key(&key) {
+                    // Only one the store holds whole: with no commit row
+                    // in flight and no events uncounted.
+                    let pending = self.pending.lock().map_err(poisoned)?;
+                    let whole = map
+                        .iter()
+                        .find(|(k, known)| known.uncounted == 0 && !pending.contains_key(*k));
+                    if let Some(gone) = whole.map(|(k, _)| k.clone()) {
+                        map.remove(&gone);
+                    }
+                }
+                map.insert(key, session);
+            }
+            None => {
+                map.remove(&key);
+            }
+        }
         Ok(())
     }
 
@@ -491,6 +513,22 @@ impl GatewayStore for ClickHouseStore {
 #[cfg(test)]
 mod tests {
     use opgraph_tests::clickhouse::ClickHouse;
+
+    use super::{Known, KnownSessions, MAX_KNOWN_SESSIONS};
+
+    #[test]
+    fn sessions_kept_in_memory_are_bounded_and_never_lose_a_count() {
+        let sessions = KnownSessions::default();
+        let owing = Known { uncounted: 7, ..Known::default() };
+        sessions.set(WS, "gw-owing", Some(owing)).unwrap();
+        for n in 0..MAX_KNOWN_SESSIONS + 100 {
+            sessions.set(WS, &format!("gw-{n}"), Some(Known::default())).unwrap();
+        }
+        assert_eq!(sessions.known.lock().unwrap().len(), MAX_KNOWN_SESSIONS);
+        let kept = sessions.get(WS, "gw-owing").unwrap();
+        assert_eq!(kept.map(|k| k.uncounted), Some(7), "its count is only in memory");
+        assert!(sessions.get(WS, &format!("gw-{}", MAX_KNOWN_SESSIONS + 99)).unwrap().is_some());
+    }
 
     use super::super::{ClickHouseConfig, ClickHouseStore, events};
     use super::SessionRow;
