@@ -261,6 +261,11 @@ pub struct Visit {
 /// the longest-unseen ones reported as departed early.
 const MAX_TAGS: usize = 65_536;
 
+/// Tags reported departed early at once when full: one pass over all of
+/// them makes room for this many new ones, where a pass per new tag cost
+/// a flood of unique EPCs 65,536 steps a read.
+const EARLY_DEPARTURES: usize = MAX_TAGS / 16;
+
 /// Read smoothing (see the module docs). Times are the gateway's receive
 /// times in ms, passed in, so tests control the clock.
 #[derive(Debug)]
@@ -279,9 +284,19 @@ impl Smoother {
     pub fn observe(&mut self, read: &TagRead, now_ms: i64) -> Vec<Smoothed> {
         let mut out = Vec::new();
         if !self.tags.contains_key(&read.epc) && self.tags.len() >= MAX_TAGS {
-            let oldest = self.tags.values().min_by_key(|v| v.last_ms).map(|v| v.epc.clone());
-            if let Some(visit) = oldest.and_then(|epc| self.tags.remove(&epc)) {
-                close(visit, &mut out);
+            let mut by_age: Vec<(i64, &String)> =
+                self.tags.values().map(|v| (v.last_ms, &v.epc)).collect();
+            let n = EARLY_DEPARTURES.min(by_age.len());
+            if n > 0 && n < by_age.len() {
+                by_age.select_nth_unstable(n);
+            }
+            by_age.truncate(n);
+            by_age.sort_unstable();
+            let oldest: Vec<String> = by_age.into_iter().map(|(_, epc)| epc.clone()).collect();
+            for epc in oldest {
+                if let Some(visit) = self.tags.remove(&epc) {
+                    close(visit, &mut out);
+                }
             }
         }
         let visit = self.tags.entry(read.epc.clone()).or_insert_with(|| Visit {
@@ -347,6 +362,29 @@ mod tests {
 
     fn read(epc: &str, antenna: u8, rssi: f64) -> TagRead {
         TagRead { epc: epc.into(), antenna, rssi, reader_ms: None }
+    }
+
+    #[test]
+    fn a_flood_of_unique_tags_departs_the_longest_unseen_in_batches() {
+        let mut smoother = Smoother::new(0, 60_000);
+        let epc = |n: usize| format!("E2{n:022X}");
+        for n in 0..MAX_TAGS {
+            smoother.observe(&read(&epc(n), 1, -50.0), i64::try_from(n).unwrap());
+        }
+        let out = smoother.observe(&read(&epc(MAX_TAGS), 1, -50.0), 1 << 40);
+        let departed: Vec<&str> = out
+            .iter()
+            .filter_map(|s| match s {
+                Smoothed::Departed(v) => Some(v.epc.as_str()),
+                Smoothed::Read(_) => None,
+            })
+            .collect();
+        let oldest: Vec<String> = (0..EARLY_DEPARTURES).map(epc).collect();
+        assert_eq!(departed, oldest, "the longest unseen, oldest first");
+        assert_eq!(smoother.tags.len(), MAX_TAGS - EARLY_DEPARTURES + 1);
+        // Room for the next ones without another pass.
+        let next = smoother.observe(&read(&epc(MAX_TAGS + 1), 1, -50.0), 1 << 40);
+        assert!(next.iter().all(|s| !matches!(s, Smoothed::Departed(_))));
     }
 
     #[test]
