@@ -174,6 +174,12 @@ pub struct Cloud {
     _tmp: Option<tempfile::TempDir>,
 }
 
+/// Milliseconds since the Unix epoch, as the cloud stamps its events.
+pub fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// An HTTP client for API tests: a minute at most per request, so a hung
 /// cloud fails the test instead of stalling it.
 pub fn client() -> reqwest::Client {

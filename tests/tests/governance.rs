@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use opgraph_tests::backends::{Backend, BackendCloud, BackendStore};
+use opgraph_tests::now_ms;
 use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY, both_backends, client, https_endpoint};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
@@ -17,10 +18,6 @@ use sha2::{Digest, Sha256};
 
 const DOC: &str = include_str!("../../docs/governance.md");
 const HOUR: i64 = 3_600_000;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
 
 /// A fresh cloud on `backend` with `extra` in its environment.
 async fn start(backend: Backend, extra: &[(&'static str, String)]) -> BackendCloud {

@@ -7,15 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use opgraph_tests::Cloud;
+use opgraph_tests::now_ms;
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 
 const MIN: i64 = 60_000;
 const HOUR: i64 = 60 * MIN;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
 
 struct Api {
     cloud: Cloud,

@@ -98,6 +98,14 @@ async fn send_all(
 }
 
 async fn stored_ids(cloud: &Cloud) -> Vec<String> {
+    let mut ids: Vec<String> =
+        stored(cloud).await.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    ids.sort();
+    ids
+}
+
+/// The `tote.moved` events stored, newest first.
+async fn stored(cloud: &Cloud) -> Vec<Value> {
     let body: Value = cloud
         .http()
         .get(cloud.at("/api/events?limit=1000&event=tote.moved"))
@@ -108,14 +116,7 @@ async fn stored_ids(cloud: &Cloud) -> Vec<String> {
         .json()
         .await
         .unwrap();
-    let mut ids: Vec<String> = body["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["id"].as_str().unwrap().to_owned())
-        .collect();
-    ids.sort();
-    ids
+    body["events"].as_array().unwrap().clone()
 }
 
 fn ids(seqs: impl IntoIterator<Item = u64>) -> Vec<String> {
@@ -333,32 +334,18 @@ async fn receive_times_outside_the_timestamp_window_give_way_to_the_clouds() {
     let mut sent = batch("gw-t", e, (1, 3), &[1, 2, 3]);
     sent.events[0].received_at_ms = Some(1);
     sent.events[1].received_at_ms = Some(i64::MAX);
-    let now = || {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-        i64::try_from(since.as_millis()).unwrap()
-    };
-    let before = now();
+    let before = opgraph_tests::now_ms();
     let acks = send_all(&mut client, &cloud.key, vec![sent]).await;
     assert_eq!((acks[0].status, acks[0].acked_sequence), (OK, 3), "{acks:?}");
-    let after = now();
-    let body: Value = cloud
-        .http()
-        .get(cloud.at("/api/events?event=tote.moved"))
-        .bearer_auth(&cloud.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let after = opgraph_tests::now_ms();
+    let events = stored(&cloud).await;
     let time_of = |seq: u64| {
         let id = format!("evt_test{seq:020}");
-        let events = body["events"].as_array().unwrap();
         let event = events.iter().find(|e| e["id"] == id.as_str()).unwrap();
         event["timestamp"].as_i64().unwrap()
     };
     for seq in [1, 2] {
-        assert!((before..=after).contains(&time_of(seq)), "seq {seq}: {body}");
+        assert!((before..=after).contains(&time_of(seq)), "seq {seq}: {events:?}");
     }
     assert_eq!(time_of(3), 1_795_000_000_000, "a receive time in the window dates its event");
 }

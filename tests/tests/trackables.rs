@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly on purpose
 
 use opgraph_tests::backends::{Backend, BackendCloud};
+use opgraph_tests::now_ms;
 use opgraph_tests::{TEST_BOOTSTRAP_KEY, both_backends};
 use reqwest::header::{HeaderMap, LOCATION};
 use reqwest::{Client, StatusCode};
@@ -92,10 +93,6 @@ fn scan_path(trackable: &Value) -> String {
     let url = trackable["scanUrl"].as_str().unwrap();
     let code = url.rsplit('/').next().unwrap();
     format!("/r/{code}")
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 async fn every_kind_is_created_listed_and_read_back(backend: Backend) {

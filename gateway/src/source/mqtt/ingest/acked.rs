@@ -873,6 +873,14 @@ mod tests {
         assert_eq!(Acked::open(&path, "test", 10, true).remembered(), (0, 0));
     }
 
+    /// Acknowledges round `round`'s 100 messages, of dev-1 and dev-2 in
+    /// turn.
+    fn acknowledge_round(acked: &Acked, round: u32) {
+        let batch: Vec<Publish> =
+            (0..100u16).map(|n| publish(n, &format!("{round}-{n}"))).collect();
+        acked.acknowledging(if round.is_multiple_of(2) { "dev-1" } else { "dev-2" }, None, &batch);
+    }
+
     #[test]
     fn the_journal_is_compacted_as_it_grows() {
         let dir = tempfile::tempdir().unwrap();
@@ -881,13 +889,7 @@ mod tests {
         let mut largest = 0;
         // About 10 MiB of entries for two clients.
         for round in 0..10_000u32 {
-            let batch: Vec<Publish> =
-                (0..100u16).map(|n| publish(n, &format!("{round}-{n}"))).collect();
-            acked.acknowledging(
-                if round.is_multiple_of(2) { "dev-1" } else { "dev-2" },
-                None,
-                &batch,
-            );
+            acknowledge_round(&acked, round);
             largest = largest.max(std::fs::metadata(&path).unwrap().len());
         }
         assert!(largest <= COMPACT_MIN + 2048, "the journal grew to {largest} bytes");
@@ -912,13 +914,7 @@ mod tests {
         let busy = runtime.spawn_blocking(move || wait.recv());
         let mut round = 0u32;
         while !acked.rewriting() {
-            let batch: Vec<Publish> =
-                (0..100u16).map(|n| publish(n, &format!("{round}-{n}"))).collect();
-            acked.acknowledging(
-                if round.is_multiple_of(2) { "dev-1" } else { "dev-2" },
-                None,
-                &batch,
-            );
+            acknowledge_round(&acked, round);
             round += 1;
             assert!(round < 100_000, "the journal never became due");
         }
