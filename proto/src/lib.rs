@@ -47,5 +47,5 @@ pub use error::{Result, ValidationError};
 pub use event::{Event, JsonObject, Party, TrustTier};
 pub use validate::{
     ENVELOPE_FIELDS, MAX_EVENT_NAME_LEN, MAX_FREE_OBJECT_BYTES, MAX_ID_LEN, MAX_PARTY_LEN,
-    MAX_TIMESTAMP_AGE_MS, MAX_TIMESTAMP_LEAD_MS,
+    MAX_TIMESTAMP_AGE_MS, MAX_TIMESTAMP_LEAD_MS, value_fits_in,
 };

@@ -225,21 +225,28 @@ fn check_size(map: &JsonObject, path: &str) -> Result<()> {
 /// serialized, stopping as soon as it is over, so an oversized object
 /// costs at most `limit` bytes of work.
 fn fits_in(map: &JsonObject, limit: usize) -> bool {
-    if (SizeBound { left: limit }).object(map).is_some() {
-        return true;
+    (SizeBound { left: limit }).object(map).is_some()
+        || serde_json::to_writer(Budget(limit), map).is_ok()
+}
+
+/// [`fits_in`] for any JSON value: the bound other APIs put on the
+/// free-form JSON they take (governance's `proposedAction`, say).
+pub fn value_fits_in(value: &Value, limit: usize) -> bool {
+    (SizeBound { left: limit }).value(value).is_some()
+        || serde_json::to_writer(Budget(limit), value).is_ok()
+}
+
+/// A writer that fails once more than its budget was written.
+struct Budget(usize);
+
+impl io::Write for Budget {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0 = self.0.checked_sub(buf.len()).ok_or_else(|| io::Error::other("over budget"))?;
+        Ok(buf.len())
     }
-    struct Budget(usize);
-    impl io::Write for Budget {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0 =
-                self.0.checked_sub(buf.len()).ok_or_else(|| io::Error::other("over budget"))?;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
-    serde_json::to_writer(Budget(limit), map).is_ok()
 }
 
 /// Longest compact JSON of a number: an `f64` in shortest form, such as

@@ -682,7 +682,15 @@ async fn bad_enforce_bodies_are_400_and_record_nothing(backend: Backend) {
         (with(&|b| b["complianceMapping"] = json!(["SOC2"])), "complianceMapping"),
         (with(&|b| b["surprise"] = json!(true)), ""),
     ];
-    for (body, field) in &cases {
+    // Free-form JSON is recorded in the receipt (and sent to webhooks):
+    // 64 KiB at most, as for an event's free objects.
+    let big = "x".repeat(opgraph_proto::MAX_FREE_OBJECT_BYTES);
+    let oversized: Vec<(Value, &str)> = vec![
+        (with(&|b| b["proposedAction"]["note"] = json!(big)), "proposedAction"),
+        (with(&|b| b["attestation"] = json!([{"provider": "p", "packet": big}])), "attestation"),
+        (with(&|b| b["complianceMapping"] = json!({"SOC2": big})), "complianceMapping"),
+    ];
+    for (body, field) in cases.iter().chain(&oversized) {
         let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
         assert_eq!(code(&answer), "validation_failed", "{answer}");

@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use axum::Json;
 use axum::extract::{Query, State};
+use opgraph_proto::{MAX_FREE_OBJECT_BYTES, value_fits_in};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
@@ -104,6 +105,15 @@ struct Validated {
 }
 
 fn validate_enforce(body: Value) -> Result<Validated> {
+    // Recorded in the receipt as sent, and sent on to webhooks.
+    for field in ["proposedAction", "attestation", "complianceMapping"] {
+        if body.get(field).is_some_and(|v| !value_fits_in(v, MAX_FREE_OBJECT_BYTES)) {
+            return Err(Error::validation(
+                field,
+                format!("must be at most {MAX_FREE_OBJECT_BYTES} bytes as JSON"),
+            ));
+        }
+    }
     let proposed_action = body.get("proposedAction").cloned().unwrap_or(Value::Null);
     let attestation_raw = body.get("attestation").cloned();
     let input: EnforceRequest = parse_body(body)?;
