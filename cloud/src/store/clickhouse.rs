@@ -85,6 +85,12 @@ pub struct ClickHouseConfig {
     pub ca_file: Option<PathBuf>,
 }
 
+/// Business ids remembered as registered, across workspaces; past this the
+/// memory starts over (ids are the caller's to choose).
+const MAX_KNOWN_BUSINESSES: usize = 100_000;
+/// Business ids looked up per query.
+const BUSINESS_LOOKUP: usize = 1000;
+
 pub struct ClickHouseStore {
     client: Client,
     /// One lock per workspace (and one for workspaces and keys themselves):
@@ -663,14 +669,28 @@ impl ClickHouseStore {
         Ok(found > 0)
     }
 
-    /// Registers the businesses an ingest names that are not known yet.
+    /// Registers the businesses an ingest names that are not known yet:
+    /// one lookup per thousand unknown ids (they are the caller's to
+    /// choose, up to one per event).
     async fn register_businesses(&self, ws: &str, ids: &[String]) -> Result<()> {
-        let mut missing = Vec::new();
-        for id in ids {
-            if !self.business_exists_impl(ws, id).await? {
-                missing.push(id.as_str());
-            }
+        let unknown: Vec<&str> = {
+            let known = self.businesses.lock().map_err(|_| Error::internal("poisoned"))?;
+            ids.iter()
+                .filter(|id| !known.contains(&(ws.to_owned(), (*id).clone())))
+                .map(String::as_str)
+                .collect()
+        };
+        let mut found: HashSet<String> = HashSet::new();
+        for chunk in unknown.chunks(BUSINESS_LOOKUP) {
+            let sql = format!(
+                "SELECT DISTINCT id FROM businesses WHERE workspace_id = ? AND id IN ({})",
+                events::placeholders(chunk.len())
+            );
+            let query = chunk.iter().fold(self.client.query(&sql).bind(ws), |q, id| q.bind(id));
+            found.extend(run(query.sent().fetch_all::<String>()).await?);
         }
+        let missing: Vec<&str> =
+            unknown.iter().copied().filter(|id| !found.contains(*id)).collect();
         let now = crate::now_ms();
         let rows: Vec<BusinessRow<'_>> = missing
             .iter()
@@ -684,9 +704,11 @@ impl ClickHouseStore {
             .collect();
         self.insert_rows::<BusinessRow<'_>>("businesses", &rows).await?;
         let mut known = self.businesses.lock().map_err(|_| Error::internal("poisoned"))?;
-        for id in missing {
-            known.insert((ws.to_owned(), id.to_owned()));
+        if known.len() + unknown.len() > MAX_KNOWN_BUSINESSES {
+            // A cache: what it forgets is looked up again.
+            known.clear();
         }
+        known.extend(unknown.iter().map(|id| (ws.to_owned(), (*id).to_owned())));
         Ok(())
     }
 
@@ -932,14 +954,17 @@ mod tests {
     /// with the reason when clickhouse-server is not installed.
     pub(super) async fn open() -> (ClickHouseStore, ClickHouse) {
         let server = ClickHouse::start().await.expect("a private ClickHouse server");
+        (store_on(&server).await, server)
+    }
+
+    async fn store_on(server: &ClickHouse) -> ClickHouseStore {
         let config = ClickHouseConfig {
             url: server.url(),
             database: "opgraph".into(),
             cluster: None,
             ca_file: None,
         };
-        let store = ClickHouseStore::open(&config).await.expect("open the ClickHouse store");
-        (store, server)
+        ClickHouseStore::open(&config).await.expect("open the ClickHouse store")
     }
 
     mod conformance {
@@ -976,6 +1001,41 @@ mod tests {
         store.append_events("ws", request).await.unwrap();
         assert_eq!(store.search_events("ws", &query("λογος")).await.unwrap().total, 2);
         assert_eq!(store.search_events("ws", &query("ΛΟΓΟΣ")).await.unwrap().total, 1);
+    }
+
+    #[tokio::test]
+    async fn many_new_businesses_are_looked_up_together_and_registered_once() {
+        let server = ClickHouse::start_logging_queries().await.unwrap();
+        let store = store_on(&server).await;
+        let events = |round: usize| {
+            (0..2500)
+                .map(|n| {
+                    let mut new = event(&format!("evt_{round}_{n}"));
+                    new.event.business_id = Some(format!("site-{n}"));
+                    new
+                })
+                .collect::<Vec<_>>()
+        };
+        for round in 0..2 {
+            let request = AppendRequest {
+                events: events(round),
+                idempotency_key: None,
+                new_event_limit: None,
+            };
+            store.append_events("ws", request).await.unwrap();
+            // The next round finds them in memory: forget them.
+            store.businesses.lock().unwrap().clear();
+        }
+        assert!(store.business_exists_impl("ws", "site-2499").await.unwrap());
+        let count = |sql: &'static str| store.client.query(sql).fetch_one::<u64>();
+        assert_eq!(count("SELECT count() FROM businesses FINAL").await.unwrap(), 2500);
+        store.client.query("SYSTEM FLUSH LOGS").execute().await.unwrap();
+        let lookups = count(
+            "SELECT count() FROM system.query_log WHERE type = 1
+             AND query LIKE 'SELECT%FROM businesses WHERE workspace_id%'",
+        );
+        // Three per round of 2,500 (a thousand at a time), and the check.
+        assert_eq!(lookups.await.unwrap(), 7);
     }
 
     #[tokio::test]

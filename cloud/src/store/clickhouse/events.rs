@@ -457,12 +457,8 @@ async fn register_businesses_of(
     ws: &str,
     rows: &[EventRow],
 ) -> Result<()> {
-    let mut businesses: Vec<String> = Vec::new();
-    for row in rows {
-        if !businesses.contains(&row.business_id) {
-            businesses.push(row.business_id.clone());
-        }
-    }
+    let distinct: HashSet<&String> = rows.iter().map(|row| &row.business_id).collect();
+    let businesses: Vec<String> = distinct.into_iter().cloned().collect();
     store.register_businesses(ws, &businesses).await
 }
 
