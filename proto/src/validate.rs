@@ -229,8 +229,10 @@ fn fits_in(map: &JsonObject, limit: usize) -> bool {
         || serde_json::to_writer(Budget(limit), map).is_ok()
 }
 
-/// [`fits_in`] for any JSON value: the bound other APIs put on the
-/// free-form JSON they take (governance's `proposedAction`, say).
+/// Whether `value`, any JSON value, serializes to at most `limit` bytes
+/// of compact JSON, settled the way an event's free objects are: the
+/// bound other APIs put on the free-form JSON they take (governance's
+/// `proposedAction`, say).
 pub fn value_fits_in(value: &Value, limit: usize) -> bool {
     (SizeBound { left: limit }).value(value).is_some()
         || serde_json::to_writer(Budget(limit), value).is_ok()
