@@ -664,9 +664,25 @@ impl ClickHouseStore {
             .fetch_one())
         .await?;
         if found > 0 {
-            self.businesses.lock().map_err(|_| Error::internal("poisoned"))?.insert(key);
+            self.remember_businesses(ws, [business_id].into_iter())?;
         }
         Ok(found > 0)
+    }
+
+    /// Remembers business ids of `ws` as registered. A cache: past
+    /// [`MAX_KNOWN_BUSINESSES`] it starts over, and what it forgot is
+    /// looked up again.
+    fn remember_businesses<'a>(
+        &self,
+        ws: &str,
+        ids: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Result<()> {
+        let mut known = self.businesses.lock().map_err(|_| Error::internal("poisoned"))?;
+        if known.len() + ids.len() > MAX_KNOWN_BUSINESSES {
+            known.clear();
+        }
+        known.extend(ids.map(|id| (ws.to_owned(), id.to_owned())));
+        Ok(())
     }
 
     /// Registers the businesses an ingest names that are not known yet:
@@ -703,13 +719,7 @@ impl ClickHouseStore {
             })
             .collect();
         self.insert_rows::<BusinessRow<'_>>("businesses", &rows).await?;
-        let mut known = self.businesses.lock().map_err(|_| Error::internal("poisoned"))?;
-        if known.len() + unknown.len() > MAX_KNOWN_BUSINESSES {
-            // A cache: what it forgets is looked up again.
-            known.clear();
-        }
-        known.extend(unknown.iter().map(|id| (ws.to_owned(), (*id).to_owned())));
-        Ok(())
+        self.remember_businesses(ws, unknown.into_iter())
     }
 
     async fn count_events_ingested(&self, ws: &str, inserted: usize) -> Result<()> {
