@@ -667,6 +667,26 @@ mod tests {
         p
     }
 
+    /// A synced journal in a temporary directory, opened.
+    fn synced_journal() -> (tempfile::TempDir, PathBuf, Acked) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.acked");
+        let acked = Acked::open(&path, "test", 10, true);
+        (dir, path, acked)
+    }
+
+    #[test]
+    fn a_journal_whose_batch_number_is_the_largest_does_not_overflow_the_count() {
+        let (_dir, path, acked) = synced_journal();
+        drop(acked);
+        let batch = Batch { client: "dev".into(), from_seq: 0, records: Vec::new() };
+        let mut crafted = Vec::new();
+        encode_appending(&mut crafted, u64::MAX, &batch);
+        std::fs::write(&path, crafted).unwrap();
+        let acked = Acked::open(&path, "test", 10, true);
+        assert_eq!(acked.appending(batch), 1, "counted again from 1");
+    }
+
     fn record(p: &Publish) -> (u16, Fingerprint, u32) {
         (p.pkid, Fingerprint::of(&p.topic, &p.payload), crc32c::crc32c(&p.payload))
     }
@@ -883,9 +903,7 @@ mod tests {
 
     #[test]
     fn the_journal_is_compacted_as_it_grows() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.acked");
-        let acked = Acked::open(&path, "test", 10, true);
+        let (_dir, path, acked) = synced_journal();
         let mut largest = 0;
         // About 10 MiB of entries for two clients.
         for round in 0..10_000u32 {
@@ -907,9 +925,7 @@ mod tests {
         let runtime =
             tokio::runtime::Builder::new_current_thread().max_blocking_threads(1).build().unwrap();
         let _in_runtime = runtime.enter();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.acked");
-        let acked = Acked::open(&path, "test", 10, true);
+        let (_dir, path, acked) = synced_journal();
         let (release, wait) = std::sync::mpsc::channel::<()>();
         let busy = runtime.spawn_blocking(move || wait.recv());
         let mut round = 0u32;
@@ -950,9 +966,7 @@ mod tests {
 
     #[test]
     fn entries_written_during_a_rewrite_are_kept_by_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.acked");
-        let acked = Acked::open(&path, "test", 10, true);
+        let (_dir, path, acked) = synced_journal();
         let before = publish(1, "before");
         acked.acknowledging("dev-1", None, std::slice::from_ref(&before));
         let (mut rewrite, snapshot) = acked.lock().begin_rewrite().unwrap();
@@ -969,9 +983,7 @@ mod tests {
 
     #[test]
     fn a_batch_whose_entry_makes_the_journal_due_is_named_by_the_rewrite() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.acked");
-        let acked = Acked::open(&path, "test", 10, true);
+        let (_dir, path, acked) = synced_journal();
         let p = publish(1, "r1");
         let no_publishes: [&Publish; 0] = [];
         for from_seq in 0..10_000u64 {
