@@ -560,17 +560,8 @@ mod tests {
 
     /// How many id lookups named the event of sequence `seq`.
     async fn lookups_of(store: &ClickHouseStore, seq: u64) -> u64 {
-        store.client.query("SYSTEM FLUSH LOGS").execute().await.unwrap();
-        store
-            .client
-            .query(
-                "SELECT count() FROM system.query_log WHERE type = 1
-                 AND query LIKE 'SELECT id, seq FROM events%' AND query LIKE ?",
-            )
-            .bind(format!("%'evt_{seq:04}'%"))
-            .fetch_one()
-            .await
-            .unwrap()
+        let like = format!("SELECT id, seq FROM events%'evt_{seq:04}'%");
+        super::super::tests::queries_logged(&store.client, &like).await
     }
 
     /// Opens the gateway's session and stores events 1..=3; returns the epoch.
