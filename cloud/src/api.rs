@@ -107,9 +107,11 @@ impl FromRequest<AppState> for JsonBody {
             state.metrics.reject("payload_too_large");
             return Err(Error::PayloadTooLarge { limit });
         }
-        let bytes = axum::body::to_bytes(req.into_body(), limit).await.map_err(|_| {
-            state.metrics.reject("payload_too_large");
-            Error::PayloadTooLarge { limit }
+        let read = opgraph_proto::serve::read_body(req.into_body(), limit).await;
+        let bytes = read.map_err(|e| {
+            let error = Error::body(e, limit);
+            state.metrics.reject(error.code());
+            error
         })?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
             state.metrics.reject("invalid_json");

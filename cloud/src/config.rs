@@ -43,6 +43,29 @@ pub struct HttpConfig {
     /// and the bound HTTP address, which only suits local use. Env
     /// `OPGRAPH_PUBLIC_URL`.
     pub public_url: Option<String>,
+    /// Connections served at once; more wait to be accepted. Default 1024;
+    /// 1 to 1000000. Env `OPGRAPH_MAX_CONNECTIONS`.
+    pub max_connections: usize,
+    /// Longest wait for a request's head, also on an idle kept-alive
+    /// connection. Default `30s`; `100ms` to `1h`. Env
+    /// `OPGRAPH_HEADER_TIMEOUT`.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Longest pause within a request body; a body that stalls longer is
+    /// refused. Default `30s`; `100ms` to `1h`. Env `OPGRAPH_BODY_TIMEOUT`.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+}
+
+impl HttpConfig {
+    /// What the server allows each client.
+    pub fn limits(&self) -> opgraph_proto::serve::ServeLimits {
+        opgraph_proto::serve::ServeLimits {
+            max_connections: self.max_connections,
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -291,10 +314,14 @@ impl Default for WebhooksConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
+        let defaults = opgraph_proto::serve::ServeLimits::default();
         HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             body_limit: ByteSize::mib(1),
             public_url: None,
+            max_connections: defaults.max_connections,
+            header_timeout: defaults.header_timeout,
+            body_timeout: defaults.body_timeout,
         }
     }
 }
@@ -381,6 +408,15 @@ impl Config {
         }
         if let Some(v) = env("OPGRAPH_PUBLIC_URL") {
             self.http.public_url = Some(v);
+        }
+        if let Some(v) = env("OPGRAPH_MAX_CONNECTIONS") {
+            self.http.max_connections = parsed("OPGRAPH_MAX_CONNECTIONS", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_HEADER_TIMEOUT") {
+            self.http.header_timeout = duration("OPGRAPH_HEADER_TIMEOUT", v)?;
+        }
+        if let Some(v) = env("OPGRAPH_BODY_TIMEOUT") {
+            self.http.body_timeout = duration("OPGRAPH_BODY_TIMEOUT", v)?;
         }
         if let Some(v) = env("OPGRAPH_SCAN_RATE_PER_MINUTE") {
             self.scan.rate_per_minute = parsed("OPGRAPH_SCAN_RATE_PER_MINUTE", v)?;
@@ -511,6 +547,9 @@ impl Config {
         // catch a unit typed wrong, so that it is not read as "no limit".
         if !(ByteSize::kib(1)..=ByteSize::gib(1)).contains(&self.http.body_limit) {
             return Err(problem("http.body_limit", "must be 1KiB to 1GiB"));
+        }
+        if let Some((key, why)) = opgraph_proto::serve::problems(&self.http.limits()).first() {
+            return Err(problem(&format!("http.{key}"), *why));
         }
         if self.store.kind == StoreKind::Clickhouse && self.store.clickhouse_url.is_none() {
             return Err(problem(

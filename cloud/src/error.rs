@@ -31,6 +31,10 @@ pub enum Error {
     PayloadTooLarge { limit: usize },
     #[error("Content-Type must be application/json")]
     UnsupportedMediaType,
+    #[error("request body stalled: sent too slowly")]
+    BodyStalled,
+    #[error("request body could not be read")]
+    BodyUnreadable,
     #[error("rate limit exceeded")]
     RateLimited { retry_after_secs: u64 },
     #[error("the store is unavailable")]
@@ -70,6 +74,8 @@ impl Error {
             Error::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
+            Error::BodyStalled => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+            Error::BodyUnreadable => (StatusCode::BAD_REQUEST, "unreadable_body"),
             Error::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Error::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
@@ -81,6 +87,18 @@ impl Error {
     /// metrics.
     pub fn code(&self) -> &'static str {
         self.status_and_code().1
+    }
+}
+
+impl Error {
+    /// A request body that could not be read whole, `limit` its bound.
+    pub fn body(e: opgraph_proto::serve::BodyReadError, limit: usize) -> Self {
+        use opgraph_proto::serve::BodyReadError;
+        match e {
+            BodyReadError::TooLarge => Error::PayloadTooLarge { limit },
+            BodyReadError::Stalled => Error::BodyStalled,
+            BodyReadError::Broken => Error::BodyUnreadable,
+        }
     }
 }
 

@@ -55,12 +55,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let pruner = tokio::spawn(Arc::clone(&state.webhooks).prune_log(shutdown.clone()));
     let resumer = tokio::spawn(Arc::clone(&state.webhooks).resume(shutdown.clone()));
     let app = api::routes().into_router(state.clone());
-    let stop = shutdown.clone();
-    // With the peer address: the scan redirect hashes it (api::scan).
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await?;
+    // Handlers find the peer's address: the scan redirect hashes it
+    // (api::scan).
+    let limits = state.config.http.limits();
+    opgraph_proto::serve::serve(listener, app, limits, shutdown.clone().cancelled_owned()).await;
 
     shutdown.cancel();
     for mut task in receivers {

@@ -79,13 +79,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let intake = CancellationToken::new();
     let delivery = CancellationToken::new();
     let stop_intake = intake.clone();
+    let limits = config.http.limits();
     let mut server = tokio::spawn(async move {
-        let served = axum::serve(listener, http::router(state))
-            .with_graceful_shutdown(stop_intake.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "HTTP server stopped");
-        }
+        let app = http::router(state);
+        opgraph_proto::serve::serve(listener, app, limits, stop_intake.cancelled_owned()).await;
     });
     tasks.spawn(shipper.run(delivery.clone()));
     tasks.close();

@@ -56,17 +56,43 @@ pub struct HttpConfig {
     /// Most ingest bodies parsed into events at once; later requests wait
     /// holding only their body. Parsing is CPU work, so more than the cores
     /// gains nothing, and the events take several times the body's size:
-    /// this bounds the gateway's memory however many producers post at
-    /// once. Default 4.
+    /// with `max_connections` (which bounds the bodies held) this bounds
+    /// the gateway's memory however many producers post at once. Default 4.
     pub ingest_concurrency: usize,
+    /// Connections served at once; more wait to be accepted. Default 1024;
+    /// 1 to 1000000.
+    pub max_connections: usize,
+    /// Longest wait for a request's head, also on an idle kept-alive
+    /// connection. Default `30s`; `100ms` to `1h`.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Longest pause within a request body; a body that stalls longer is
+    /// refused. Default `30s`; `100ms` to `1h`.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+}
+
+impl HttpConfig {
+    /// What the local port allows each client.
+    pub fn limits(&self) -> opgraph_proto::serve::ServeLimits {
+        opgraph_proto::serve::ServeLimits {
+            max_connections: self.max_connections,
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+        }
+    }
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
+        let defaults = opgraph_proto::serve::ServeLimits::default();
         HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 9100)),
             body_limit: ByteSize::mib(1),
             ingest_concurrency: 4,
+            max_connections: defaults.max_connections,
+            header_timeout: defaults.header_timeout,
+            body_timeout: defaults.body_timeout,
         }
     }
 }
@@ -158,6 +184,8 @@ impl Config {
         if !(1024..=MAX_BODY_LIMIT).contains(&self.http.body_limit.as_u64()) {
             problems.push("http.body_limit: must be 1KiB to 256MiB".to_owned());
         }
+        let limits = opgraph_proto::serve::problems(&self.http.limits());
+        problems.extend(limits.into_iter().map(|(key, why)| format!("http.{key}: {why}")));
         if !(1..=1024).contains(&self.http.ingest_concurrency) {
             problems.push("http.ingest_concurrency: must be 1 to 1024".to_owned());
         }

@@ -35,6 +35,8 @@ pub mod error;
 pub mod event;
 pub mod frame;
 pub mod ids;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod validate;
 
 /// Generated protobuf and gRPC code for package `opgraph.v1`.

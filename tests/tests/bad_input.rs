@@ -527,6 +527,8 @@ fn every_cloud_duration_and_size_has_a_ceiling() {
         checked,
         [
             "body_limit",
+            "header_timeout",
+            "body_timeout",
             "group_commit_window",
             "writer_cache",
             "timeout",

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use opgraph_proto::Event;
 use opgraph_proto::envelope::{BodyError, idempotency_key, parse_body_bytes};
 use opgraph_proto::ids::{derived_ids, new_id_at};
+use opgraph_proto::serve::BodyReadError;
 use prost::Message;
 use serde_json::json;
 
@@ -95,19 +96,20 @@ async fn accept(
         ));
     }
     let limit = state.body_limit;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("request body is larger than {limit} bytes"),
-        )
+    let unread = |e: BodyReadError| {
+        let (status, code) = match e {
+            BodyReadError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            BodyReadError::Stalled => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
+            BodyReadError::Broken => (StatusCode::BAD_REQUEST, "unreadable_body"),
+        };
+        ApiError::new(status, code, e.message(limit))
     };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+        return Err(unread(BodyReadError::TooLarge));
     }
     let key = match headers.get("idempotency-key") {
         Some(value) => Some(idempotency_key(value.as_bytes()).map_err(|message| ApiError {
@@ -116,7 +118,7 @@ async fn accept(
         })?),
         None => None,
     };
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large())?;
+    let bytes = opgraph_proto::serve::read_body(body, limit).await.map_err(unread)?;
     // Parsed events take several times the body's size: only the permit
     // holders build them (a slow producer still sending its body holds no
     // permit), and they are dropped before the possibly long durable
