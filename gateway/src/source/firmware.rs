@@ -99,7 +99,6 @@ impl Source for FirmwareSource {
         let mut backoff = Backoff::new(config.backoff_initial, config.backoff_max);
         let mut buf = vec![0u8; 4096];
         let mut session = Session::new(&config.device_type);
-        let path = config.port.path.display().to_string();
         'reopen: loop {
             let Some(mut port) =
                 serial::open_port(&config.port, &config.name, &health, &mut backoff, &shutdown)
@@ -113,17 +112,17 @@ impl Source for FirmwareSource {
                     read = port.read(&mut buf) => match read {
                         Ok(n) if n > 0 => n,
                         result => {
-                            let why = result.err().map_or_else(|| "closed".to_owned(), |e| e.to_string());
-                            health.set_connected(false);
-                            health.set_error(format!("serial {path}: {why}"));
-                            tracing::warn!(source = %config.name, error = %why, "firmware port lost; reopening");
-                            continue 'reopen;
+                            if serial::port_lost(&config.port, &config.name, result, &health, &mut backoff, &shutdown).await {
+                                continue 'reopen;
+                            }
+                            break 'reopen;
                         }
                     },
                     () = shutdown.cancelled() => break 'reopen,
                 };
                 let now = now_ms();
                 health.received(now);
+                backoff.reset();
                 let step = session.feed(&buf[..n]);
                 let answer = settle(&intake, &mut session, step, &config.name).await;
                 if !answer.is_empty()

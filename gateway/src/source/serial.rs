@@ -406,16 +406,16 @@ impl Source for SerialSource {
                         Ok(n) if n > 0 => {
                             let now = now_ms();
                             health.received(now);
+                            backoff.reset();
                             decoder.push(&buf[..n], now, &config.device, &mut decoded);
                         }
                         // 0 bytes or an error: the port is gone.
                         result => {
-                            let why = result.err().map_or_else(|| "closed".to_owned(), |e| e.to_string());
-                            health.set_connected(false);
-                            health.set_error(format!("serial {}: {why}", config.path.display()));
-                            tracing::warn!(source = %config.name, error = %why, "serial port lost; reopening");
                             deliver(&intake, decoded, &config.name).await;
-                            continue 'reopen;
+                            if port_lost(&port_settings, &config.name, result, &health, &mut backoff, &shutdown).await {
+                                continue 'reopen;
+                            }
+                            break 'reopen;
                         }
                     },
                     _ = ticker.tick() => decoder.tick(now_ms(), &config.device, &mut decoded),
@@ -432,6 +432,8 @@ impl Source for SerialSource {
 /// Opens `port` for source `name`, its state in `health`, retrying with
 /// `backoff` while it cannot be opened (a device not plugged in yet, a
 /// pty not made yet): the port, or `None` once `shutdown` is cancelled.
+/// An open does not reset `backoff`: the caller does once bytes arrive,
+/// so a port that opens and fails at once is retried ever more slowly.
 pub(super) async fn open_port(
     port: &PortSettings,
     name: &str,
@@ -444,7 +446,6 @@ pub(super) async fn open_port(
         match port.open() {
             Ok(stream) => {
                 health.set_connected(true);
-                backoff.reset();
                 tracing::info!(source = %name, path = %port.path.display(), "serial port open");
                 return Some(stream);
             }
@@ -460,6 +461,30 @@ pub(super) async fn open_port(
         }
     }
     None
+}
+
+/// Records that `port` of source `name` is gone, as the `read` that
+/// found it so (0 bytes, or an error), and waits out the next step of
+/// `backoff` before it is reopened: `false` once `shutdown` is cancelled.
+/// The step grows while reopened ports bring no bytes (a device that
+/// fails as soon as it is opened), so such a port is not retried flat out.
+pub(super) async fn port_lost(
+    port: &PortSettings,
+    name: &str,
+    read: std::io::Result<usize>,
+    health: &SourceHealth,
+    backoff: &mut Backoff,
+    shutdown: &CancellationToken,
+) -> bool {
+    let why = read.err().map_or_else(|| "closed".to_owned(), |e| e.to_string());
+    health.set_connected(false);
+    health.set_error(format!("serial {}: {why}", port.path.display()));
+    let delay = backoff.next_delay(&mut StdRng::from_os_rng());
+    tracing::warn!(source = %name, error = %why, retry_in = ?delay, "serial port lost; reopening");
+    tokio::select! {
+        () = tokio::time::sleep(delay) => true,
+        () = shutdown.cancelled() => false,
+    }
 }
 
 /// Counts what was rejected and appends the events in one durable append.
@@ -483,6 +508,34 @@ async fn deliver(intake: &Intake, decoded: Decoded, source: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_port_that_brings_no_bytes_is_reopened_ever_more_slowly() {
+        let port: PortSettings = toml::from_str("path = \"/dev/ttyUSB9\"").unwrap();
+        let health = SourceHealth::new("s", "serial");
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        let shutdown = CancellationToken::new();
+        let mut waits = Vec::new();
+        for _ in 0..4 {
+            let start = tokio::time::Instant::now();
+            let eio = Err(std::io::Error::from_raw_os_error(5));
+            assert!(port_lost(&port, "s", eio, &health, &mut backoff, &shutdown).await);
+            waits.push(start.elapsed());
+        }
+        assert!(!health.connected());
+        // Steps of 1s, 2s, 4s, 8s, each waited for at least its half.
+        for (wait, step) in waits.iter().zip([1u64, 2, 4, 8]) {
+            let step = Duration::from_secs(step);
+            assert!(*wait >= step / 2 && *wait <= step, "{waits:?}");
+        }
+        // Bytes read start it over; a shutdown ends the wait.
+        backoff.reset();
+        let start = tokio::time::Instant::now();
+        assert!(port_lost(&port, "s", Ok(0), &health, &mut backoff, &shutdown).await);
+        assert!(start.elapsed() <= Duration::from_secs(1));
+        shutdown.cancel();
+        assert!(!port_lost(&port, "s", Ok(0), &health, &mut backoff, &shutdown).await);
+    }
 
     fn config(protocol: &str) -> SerialSourceConfig {
         toml::from_str(&format!(
