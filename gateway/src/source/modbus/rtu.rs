@@ -33,6 +33,12 @@ pub fn crc16(bytes: &[u8]) -> u16 {
 /// data, CRC), once enough of it has arrived to tell; `None` before.
 /// Exceptions are 5 bytes, reads carry a byte count, writes echo 6 bytes.
 pub fn reply_len(buf: &[u8]) -> Option<usize> {
+    announced_len(buf).filter(|len| buf.len() >= *len)
+}
+
+/// The length the start of `buf` announces for its frame, which may be
+/// more than has arrived, or (a garbled byte count) than any frame.
+fn announced_len(buf: &[u8]) -> Option<usize> {
     let function = *buf.get(1)?;
     let len = if function & 0x80 != 0 {
         5
@@ -44,7 +50,7 @@ pub fn reply_len(buf: &[u8]) -> Option<usize> {
             _ => buf.len(),
         }
     };
-    (buf.len() >= len).then_some(len)
+    Some(len)
 }
 
 /// Whether a whole frame's trailing CRC matches its contents.
@@ -78,11 +84,15 @@ impl<T> CrcTap<T> {
         }
         let room = MAX_FRAME.saturating_sub(self.reply.len());
         self.reply.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        if let Some(len) = reply_len(&self.reply) {
-            self.checked = true;
-            if !crc_ok(&self.reply[..len]) {
-                self.crc_errors.fetch_add(1, Ordering::Relaxed);
-            }
+        let wrong = match announced_len(&self.reply) {
+            // A byte count of 252 to 255: no CRC could make it a frame.
+            Some(len) if len > MAX_FRAME => true,
+            Some(len) if self.reply.len() >= len => !crc_ok(&self.reply[..len]),
+            _ => return,
+        };
+        self.checked = true;
+        if wrong {
+            self.crc_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -158,6 +168,26 @@ mod tests {
         assert_eq!(reply_len(&frame[..4]), None);
         assert_eq!(reply_len(&[0x01, 0x83, 0x02, 0, 0]), Some(5));
         assert_eq!(reply_len(&[0x01, 0x06, 0, 1, 0, 3, 0, 0]), Some(8));
+    }
+
+    #[tokio::test]
+    async fn a_byte_count_no_frame_can_hold_is_counted_at_once() {
+        let (ours, mut device) = tokio::io::duplex(1024);
+        let errors = Arc::new(AtomicU64::new(0));
+        let mut tap = CrcTap::new(ours, Arc::clone(&errors));
+        tap.write_all(&[0x01, 0x03, 0, 0, 0, 1, 0x84, 0x0A]).await.unwrap();
+        // 5 + 253 bytes announced, past the 256 a frame may have.
+        device.write_all(&[0x01, 0x03, 253, 0x00]).await.unwrap();
+        let mut read = [0u8; 64];
+        assert_eq!(tap.read(&mut read).await.unwrap(), 4);
+        assert_eq!(errors.load(Ordering::Relaxed), 1);
+        // Counted once, whatever else arrives.
+        device.write_all(&[0u8; 300]).await.unwrap();
+        let mut rest = 0;
+        while rest < 300 {
+            rest += tap.read(&mut read).await.unwrap();
+        }
+        assert_eq!(errors.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]
