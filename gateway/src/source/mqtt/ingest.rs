@@ -69,6 +69,12 @@ const READ_AHEAD: usize = 1024 * 1024;
 /// slot.
 const IDLE_BUFFER: usize = 1024;
 
+/// Longest client id accepted. MQTT 3.1.1 promises devices 23 bytes;
+/// serial numbers and MAC addresses fit easily. A persistent client's id
+/// is kept in memory and in the journal beside the buffer, so ids up to
+/// the protocol's 64 KiB would make each such client that much dearer.
+const MAX_CLIENT_ID: usize = 256;
+
 /// One `[[sources.mqtt_ingest]]` table.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -438,6 +444,8 @@ async fn serve(
         });
     let answer = if connect.protocol != Protocol::V4 {
         refuse(ConnectReturnCode::RefusedProtocolVersion)
+    } else if connect.client_id.len() > MAX_CLIENT_ID {
+        refuse(ConnectReturnCode::BadClientId)
     } else if !allowed {
         refuse(ConnectReturnCode::BadUserNamePassword)
     } else {
@@ -449,7 +457,9 @@ async fn serve(
     write(&mut out, answer);
     send(&mut stream, &mut out, shutdown).await?;
     if !accepted {
-        return Err(format!("login refused for client {:?}", connect.client_id));
+        let shown: String = connect.client_id.chars().take(64).collect();
+        let bytes = connect.client_id.len();
+        return Err(format!("login refused for client {shown:?} ({bytes} bytes)"));
     }
     // A persistent client sends again what it got no PUBACK for (ConnAck
     // says we keep its session).

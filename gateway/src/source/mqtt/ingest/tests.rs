@@ -275,6 +275,11 @@ async fn bad_logins_other_protocols_and_garbage_are_refused() {
     let mut sink = Vec::new();
     let closed = tokio::time::timeout(WAIT, raw.read_to_end(&mut sink)).await.unwrap();
     assert!(closed.is_ok() || closed.is_err());
+    // A client id past what the journal keeps, with the right login.
+    let long_id = "d".repeat(super::MAX_CLIENT_ID + 1);
+    let (_client, mut eventloop) = client_of(running.addr, &long_id, Some(("reader", "pw")));
+    let err = tokio::time::timeout(WAIT, eventloop.poll()).await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("BadClientId"), "{err}");
     let (client, mut eventloop) = client_of(running.addr, "r3", Some(("reader", "pw")));
     client.publish("readers/r3/tags", QoS::AtLeastOnce, false, "{\"seq\": 7}").await.unwrap();
     assert_eq!(tokio::time::timeout(WAIT, acks(&mut eventloop, 1)).await.unwrap(), Ok(1));
