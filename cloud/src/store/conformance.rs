@@ -210,7 +210,12 @@ pub async fn totals(store: &dyn Store) {
     let q = TotalsQuery { event: Some("order.created".into()), ..q };
     let t = store.event_totals(WS, &q).await.unwrap();
     assert_eq!(counts(&t), [("order.created", 5)]);
-    let q = TotalsQuery { event: None, limit: 1, unique_actors: false, ..q };
+    let q = TotalsQuery { event: None, limit: 2, ..q };
+    let t = store.event_totals(WS, &q).await.unwrap();
+    assert_eq!((counts(&t), t.total_events), (vec![("cart.add", 6), ("page.view", 6)], 20));
+    let unique: Vec<Option<u64>> = t.events.iter().map(|e| e.unique_actors).collect();
+    assert_eq!((unique, t.total_revenue), (vec![Some(6), Some(5)], 210.0));
+    let q = TotalsQuery { limit: 1, unique_actors: false, ..q };
     let t = store.event_totals(WS, &q).await.unwrap();
     assert_eq!((counts(&t), t.total_events), (vec![("cart.add", 6)], 20));
     assert_eq!(t.events[0].unique_actors, None);

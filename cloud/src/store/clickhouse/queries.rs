@@ -3,10 +3,12 @@
 //! (no rollup: ClickHouse aggregates the raw rows fast enough), and
 //! free-text search as a case-insensitive substring scan of `search_text`.
 
+use std::collections::HashMap;
+
 use clickhouse::Row;
 use serde::Deserialize;
 
-use super::events::{searchable, seconds};
+use super::events::{self, searchable, seconds};
 use super::{ClickHouseStore, Sent, run};
 use crate::error::Error;
 use crate::error::Result;
@@ -22,6 +24,17 @@ struct TotalsRead {
     event: String,
     count: u64,
     revenue: f64,
+}
+
+#[derive(Row, Deserialize)]
+struct OverallRead {
+    count: u64,
+    revenue: f64,
+}
+
+#[derive(Row, Deserialize)]
+struct UniqueRead {
+    event: String,
     unique_actors: u64,
 }
 
@@ -91,28 +104,42 @@ impl Filter {
 
 pub(super) async fn totals(store: &ClickHouseStore, ws: &str, q: &TotalsQuery) -> Result<Totals> {
     let filter = Filter::new(ws, q.business_id.as_deref(), q.event.as_deref(), q.range);
-    // uniqExact only when asked: it is the costly column.
-    let unique = if q.unique_actors { "uniqExactIf(actor_id, actor_id != '')" } else { "0" };
+    // Only the first `limit` event names come back (a workspace may have
+    // millions), the sums over all of them from a query of their own.
     let sql = format!(
-        "SELECT event, count() AS c, sum(revenue), toUInt64({unique}) FROM events
-         WHERE {} GROUP BY event ORDER BY c DESC, event",
-        filter.sql
+        "SELECT event, count() AS c, sum(revenue) FROM events
+         WHERE {} GROUP BY event ORDER BY c DESC, event LIMIT {}",
+        filter.sql, q.limit
     );
     let rows: Vec<TotalsRead> = run(filter.query(store, &sql).sent().fetch_all()).await?;
-    let mut out = Totals::default();
-    for row in rows {
-        out.total_events += row.count;
-        out.total_revenue += row.revenue;
-        if out.events.len() < q.limit {
-            out.events.push(EventTotals {
-                event_name: row.event,
-                count: row.count,
-                unique_actors: q.unique_actors.then_some(row.unique_actors),
-                revenue: row.revenue,
-            });
-        }
+    let sql = format!("SELECT count(), sum(revenue) FROM events WHERE {}", filter.sql);
+    let overall: OverallRead = run(filter.query(store, &sql).sent().fetch_one()).await?;
+    // uniqExact, the costly column, only when asked and only for those.
+    let mut unique = HashMap::new();
+    if q.unique_actors && !rows.is_empty() {
+        let sql = format!(
+            "SELECT event, uniqExactIf(actor_id, actor_id != '') FROM events
+             WHERE {} AND event IN ({}) GROUP BY event",
+            filter.sql,
+            events::placeholders(rows.len())
+        );
+        let query = rows.iter().fold(filter.query(store, &sql), |q, r| q.bind(&r.event));
+        let found: Vec<UniqueRead> = run(query.sent().fetch_all()).await?;
+        unique.extend(found.into_iter().map(|r| (r.event, r.unique_actors)));
     }
-    Ok(out)
+    // Rows written between the two queries may be in one sum and not the
+    // other: the total never counts fewer than the names listed.
+    let listed: u64 = rows.iter().map(|r| r.count).sum();
+    let events = rows
+        .into_iter()
+        .map(|row| EventTotals {
+            unique_actors: q.unique_actors.then(|| unique.get(&row.event).copied().unwrap_or(0)),
+            event_name: row.event,
+            count: row.count,
+            revenue: row.revenue,
+        })
+        .collect();
+    Ok(Totals { total_events: overall.count.max(listed), total_revenue: overall.revenue, events })
 }
 
 pub(super) async fn series(
