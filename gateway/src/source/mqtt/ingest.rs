@@ -102,6 +102,13 @@ pub struct MqttIngestConfig {
     /// Time a new connection has to send CONNECT. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// Longest silence of a device that asked for no keep-alive (0): one
+    /// that lost power leaves its connection open here, holding one of
+    /// `max_connections`, until this closes it. Devices with a keep-alive
+    /// are closed after one and a half of theirs. Default `1h`; `1s` to
+    /// `24h`.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
     /// Most messages of one connection mapped and appended at once.
     /// Default 1000.
     pub batch_max: usize,
@@ -138,6 +145,7 @@ impl Default for MqttIngestConfig {
             max_connections: 1000,
             max_payload: ByteSize::mib(1),
             connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(3600),
             batch_max: 1000,
             max_concurrent_batches: 64,
             max_clock_skew: Duration::from_secs(30),
@@ -164,6 +172,9 @@ impl MqttIngestConfig {
         }
         if self.connect_timeout.is_zero() || self.connect_timeout > Duration::from_secs(60) {
             problems.push("connect_timeout: must be 1ms to 60s".to_owned());
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(24 * 3600)).contains(&self.idle_timeout) {
+            problems.push("idle_timeout: must be 1s to 24h".to_owned());
         }
         if !(1..=10_000).contains(&self.batch_max) {
             problems.push("batch_max: must be 1 to 10000".to_owned());
@@ -197,6 +208,7 @@ struct Shared {
     users: BTreeMap<String, String>,
     max_packet: usize,
     connect_timeout: Duration,
+    idle_timeout: Duration,
     batch_max: usize,
     resends_without_dup: bool,
     /// One permit per connection working on a batch
@@ -248,6 +260,7 @@ impl MqttIngestSource {
                 users: config.users.clone(),
                 max_packet: max_packet.saturating_add(1024),
                 connect_timeout: config.connect_timeout,
+                idle_timeout: config.idle_timeout,
                 batch_max: config.batch_max,
                 resends_without_dup: config.resends_without_dup,
                 batches: Semaphore::new(config.max_concurrent_batches),
@@ -471,8 +484,10 @@ async fn serve(
     let mut held: Vec<Publish> = Vec::new();
     let mut held_until: Option<tokio::time::Instant> = None;
     // The device must speak within 1.5 keep-alive intervals.
-    let idle = (connect.keep_alive > 0)
-        .then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
+    let idle = match connect.keep_alive {
+        0 => shared.idle_timeout,
+        seconds => Duration::from_millis(u64::from(seconds) * 1500),
+    };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         // A batch that stopped at batch_max leaves whole packets behind:
@@ -492,12 +507,9 @@ async fn serve(
             if complete {
                 return Ok(usize::MAX);
             }
-            match idle {
-                Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut buf))
-                    .await
-                    .unwrap_or_else(|_| Err(std::io::Error::other("keep-alive expired"))),
-                None => stream.read_buf(&mut buf).await,
-            }
+            tokio::time::timeout(idle, stream.read_buf(&mut buf))
+                .await
+                .unwrap_or_else(|_| Err(std::io::Error::other("silent past its keep-alive")))
         };
         let waited = async {
             match held_until {

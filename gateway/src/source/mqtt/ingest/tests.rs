@@ -298,6 +298,23 @@ async fn bad_logins_other_protocols_and_garbage_are_refused() {
     let _ = Outgoing::PingReq;
 }
 
+#[tokio::test]
+async fn a_device_without_keep_alive_is_closed_once_silent_too_long() {
+    let config = MqttIngestConfig { idle_timeout: Duration::from_secs(1), ..config(&[]) };
+    let running = start(&config, Arc::new(MemoryBuffer::new()));
+    let mut stream = TcpStream::connect(running.addr).await.unwrap();
+    let mut connect = rumqttc::Connect::new("asleep");
+    connect.keep_alive = 0;
+    let mut hello = BytesMut::new();
+    Packet::Connect(connect).write(&mut hello, usize::MAX).unwrap();
+    stream.write_all(&hello).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut reply)).await.unwrap().unwrap();
+    assert_eq!(reply, [0x20, 0x02, 0x00, 0x00], "a CONNACK, then the close");
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
 /// A device speaking raw MQTT 3.1.1, to send DUP flags and packet ids of
 /// its choosing.
 struct RawDevice {
