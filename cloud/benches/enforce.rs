@@ -62,7 +62,9 @@ async fn serve(state: AppState) -> SocketAddr {
         .merge(Router::new().route("/bench/noop", post(noop)).with_state(state));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    // As `server::run` serves it, limits and all; the no-op too.
+    let limits = opgraph_proto::serve::ServeLimits::default();
+    tokio::spawn(opgraph_proto::serve::serve(listener, app, limits, std::future::pending()));
     addr
 }
 

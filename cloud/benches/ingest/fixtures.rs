@@ -97,13 +97,10 @@ async fn serve(router: Router, state: Option<AppState>) -> Server {
     let addr = listener.local_addr().expect("local addr");
     let shutdown = CancellationToken::new();
     let stop = shutdown.clone();
-    let task = tokio::spawn(async move {
-        // As `server::run` serves it: with the peer address.
-        axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-            .expect("serve");
-    });
+    // As `server::run` serves it, limits and all; the no-op too.
+    let limits = opgraph_proto::serve::ServeLimits::default();
+    let task =
+        tokio::spawn(opgraph_proto::serve::serve(listener, router, limits, stop.cancelled_owned()));
     Server { addr, shutdown, task, state }
 }
 
