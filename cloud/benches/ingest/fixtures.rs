@@ -128,6 +128,27 @@ pub async fn start_noop() -> Server {
     serve(Router::new().route("/noop", post(noop)), None).await
 }
 
+/// [`start_noop`] served by plain `axum::serve`, without the limits of
+/// `opgraph_proto::serve`: the baseline of what those cost.
+pub async fn start_noop_plain() -> Server {
+    async fn noop(
+        _body: Bytes,
+    ) -> (StatusCode, [(header::HeaderName, &'static str); 1], &'static str) {
+        (StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], r#"{"accepted":1}"#)
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let router = Router::new().route("/noop", post(noop));
+    let task = tokio::spawn(async move {
+        let app = router.into_make_service_with_connect_info::<SocketAddr>();
+        let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+        served.await.expect("serve");
+    });
+    Server { addr, shutdown, task, state: None }
+}
+
 impl Server {
     /// Stops serving (after the clients have gone), then closes the store.
     pub async fn stop(self) {

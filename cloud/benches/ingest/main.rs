@@ -8,6 +8,9 @@
 //!   beside a no-op axum handler, same load generator and connections;
 //! - (b) batch ingest events/s (`{"batch": [1000 envelopes]}`, durable)
 //!   beside the store's own insert path driven directly on SQLite.
+//! - (c) what serving with limits costs (connection cap, head and body
+//!   timeouts: `opgraph_proto::serve`, which (a) uses on both sides): the
+//!   no-op through it beside the no-op through plain `axum::serve`.
 //!
 //! Options (flag or environment variable):
 //! `--seconds=N` / `OPGRAPH_BENCH_SECONDS` measured seconds per phase (5),
@@ -18,7 +21,7 @@
 //! `--client-threads=N` / `OPGRAPH_BENCH_CLIENT_THREADS` (2),
 //! `--dir=PATH` / `OPGRAPH_BENCH_DIR` where data directories go (system
 //! temp dir; must be a real disk, not tmpfs, or fsync costs nothing),
-//! `--only=single|batch` / `OPGRAPH_BENCH_ONLY`. The cloud under test reads
+//! `--only=single|batch|serve` / `OPGRAPH_BENCH_ONLY`. The cloud under test reads
 //! its own settings from the environment as the binary does
 //! (`OPGRAPH_WRITER_CACHE=32MiB`, ...).
 //! Design notes and recorded numbers: BENCHMARKS.md.
@@ -103,8 +106,8 @@ impl Options {
             only: get("only", "OPGRAPH_BENCH_ONLY"),
         };
         assert!(
-            matches!(options.only.as_deref(), None | Some("single" | "batch")),
-            "--only must be `single` or `batch`"
+            matches!(options.only.as_deref(), None | Some("single" | "batch" | "serve")),
+            "--only must be `single`, `batch` or `serve`"
         );
         options
     }
@@ -305,5 +308,59 @@ fn main() {
             ratio,
             verdict(ratio, GOAL_BATCH)
         );
+    }
+
+    if options.wants("serve") {
+        let limited = server_rt.block_on(fixtures::start_noop());
+        let plain = server_rt.block_on(fixtures::start_noop_plain());
+        let target = |addr| Target {
+            addr,
+            path: "/noop",
+            bearer: bearer.clone(),
+            body: fixtures::body_maker(1),
+            expect: 202,
+        };
+        let (limited_target, plain_target) = (target(limited.addr), target(plain.addr));
+        println!();
+        println!(
+            "(c) no-op with serving limits vs plain axum::serve, {} keep-alive connections",
+            options.connections
+        );
+        println!("    round   plain req/s  limits req/s  ratio");
+        let (mut plains, mut limiteds, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..options.rounds {
+            let run = |target: &Target| {
+                client_rt.block_on(load::run(target, options.connections, warmup, measure))
+            };
+            let (base, real) = if round % 2 == 0 {
+                let base = run(&plain_target);
+                (base, run(&limited_target))
+            } else {
+                let real = run(&limited_target);
+                (run(&plain_target), real)
+            };
+            assert_eq!(base.failed + real.failed, 0, "requests failed; see above");
+            let ratio = real.per_second() / base.per_second();
+            println!(
+                "    {:>5}  {:>12.0}  {:>12.0}  {:>5.2}",
+                round + 1,
+                base.per_second(),
+                real.per_second(),
+                ratio
+            );
+            plains.push(base.per_second());
+            limiteds.push(real.per_second());
+            ratios.push(ratio);
+        }
+        println!(
+            "    median {:>11.0}  {:>12.0}  {:>5.2}",
+            median(&mut plains),
+            median(&mut limiteds),
+            median(&mut ratios)
+        );
+        server_rt.block_on(async {
+            limited.stop().await;
+            plain.stop().await;
+        });
     }
 }
