@@ -74,6 +74,10 @@ const CACHE_TTL: Duration = Duration::from_secs(5);
 /// it a new one is dropped, counted and logged, so that a receiver that
 /// is down cannot make the cloud hold an unbounded backlog in memory.
 const MAX_OUTSTANDING: usize = 10_000;
+/// Their payloads' bytes at once, the same way: an enforcement decision
+/// carries up to three 64 KiB documents, so the count alone would allow
+/// gigabytes.
+const MAX_OUTSTANDING_BYTES: usize = 128 * 1024 * 1024;
 /// Requests in flight at once, across webhooks.
 const MAX_SENDING: usize = 32;
 /// Rows deleted per store call of the log's retention, and calls per pass.
@@ -105,7 +109,7 @@ pub struct Webhooks {
     /// Deliveries this process is carrying on (sending, or waiting for a
     /// retry): at most [`MAX_OUTSTANDING`], and never a second copy of one
     /// started by a resume pass.
-    in_flight: Mutex<HashSet<String>>,
+    in_flight: Mutex<InFlight>,
     /// Deliveries over whose end the store failed to record (id to
     /// workspace): a resume pass marks them again instead of sending them
     /// again, so a store refusing writes cannot make a delivered event go
@@ -125,7 +129,7 @@ impl Webhooks {
             reads: AtomicUsize::new(0),
             sending: Semaphore::new(MAX_SENDING),
             instance: crate::ids::new_id("proc"),
-            in_flight: Mutex::new(HashSet::new()),
+            in_flight: Mutex::new(InFlight::default()),
             unmarked: Mutex::new(HashMap::new()),
         })
     }
@@ -140,7 +144,7 @@ impl Webhooks {
 
     /// Deliveries sending or waiting for a retry.
     pub fn outstanding(&self) -> usize {
-        self.in_flight.lock().map_or(0, |in_flight| in_flight.len())
+        self.in_flight.lock().map_or(0, |in_flight| in_flight.payloads.len())
     }
 
     /// Delivers a `kind` event about `subject` to every webhook of `ws`
@@ -216,21 +220,22 @@ impl Webhooks {
     ) {
         for hook in hooks.iter().filter(|h| h.events.iter().any(|e| e == kind)) {
             let id = crate::ids::new_id("whd");
-            if !self.reserve(&id) {
-                tracing::warn!(workspace = %ws, webhook = %hook.id, kind, "{MAX_OUTSTANDING} webhook deliveries outstanding; this one is dropped");
-                continue;
-            }
             let now = crate::now_ms();
             let payload = json!({
                 "id": id, "type": kind, "workspaceId": ws, "subject": subject,
                 "createdAt": now, "data": *data,
-            });
+            })
+            .to_string();
+            if !self.reserve(&id, payload.len()) {
+                tracing::warn!(workspace = %ws, webhook = %hook.id, kind, "{MAX_OUTSTANDING} webhook deliveries or {MAX_OUTSTANDING_BYTES} bytes outstanding; this one is dropped");
+                continue;
+            }
             let pending = PendingDelivery {
                 delivery_id: id,
                 webhook_id: hook.id.clone(),
                 event: kind.to_owned(),
                 subject: subject.to_owned(),
-                payload: payload.to_string(),
+                payload,
                 attempts: 0,
                 due_at: now,
                 owner: String::new(),
@@ -240,23 +245,31 @@ impl Webhooks {
         }
     }
 
-    /// Takes delivery `id` into those this process carries on, unless
-    /// [`MAX_OUTSTANDING`] are already (then counts it dropped).
-    fn reserve(&self, id: &str) -> bool {
+    /// Takes delivery `id`, its payload `bytes` long, into those this
+    /// process carries on, unless [`MAX_OUTSTANDING`] are already or its
+    /// payload would pass [`MAX_OUTSTANDING_BYTES`] (then counts it
+    /// dropped).
+    fn reserve(&self, id: &str, bytes: usize) -> bool {
         let Ok(mut in_flight) = self.in_flight.lock() else { return false };
-        if in_flight.len() >= MAX_OUTSTANDING {
+        if in_flight.payloads.len() >= MAX_OUTSTANDING
+            || in_flight.bytes.saturating_add(bytes) > MAX_OUTSTANDING_BYTES
+        {
             drop(in_flight);
             self.count("dropped");
             return false;
         }
-        in_flight.insert(id.to_owned());
+        if in_flight.payloads.insert(id.to_owned(), bytes).is_none() {
+            in_flight.bytes += bytes;
+        }
         true
     }
 
     /// The delivery is no longer this process's to carry on.
     fn forget(&self, id: &str) {
-        if let Ok(mut in_flight) = self.in_flight.lock() {
-            in_flight.remove(id);
+        if let Ok(mut in_flight) = self.in_flight.lock()
+            && let Some(bytes) = in_flight.payloads.remove(id)
+        {
+            in_flight.bytes -= bytes;
         }
     }
 
@@ -315,7 +328,7 @@ impl Webhooks {
         let mut resumed = 0usize;
         for (ws, pending) in pending {
             let id = &pending.delivery_id;
-            if self.in_flight.lock().map_or(true, |f| f.contains(id))
+            if self.in_flight.lock().map_or(true, |f| f.payloads.contains_key(id))
                 || self.unmarked.lock().map_or(true, |u| u.contains_key(id))
             {
                 continue;
@@ -338,7 +351,7 @@ impl Webhooks {
                 continue;
             };
             let id = pending.delivery_id.clone();
-            if !self.reserve(&id) {
+            if !self.reserve(&id, pending.payload.len()) {
                 break;
             }
             let Some(pending) = self.claim(&ws, pending, shared).await else {
@@ -653,6 +666,13 @@ impl Webhooks {
     }
 }
 
+/// The deliveries a process carries on, by id, with their payloads' size.
+#[derive(Default)]
+struct InFlight {
+    payloads: HashMap<String, usize>,
+    bytes: usize,
+}
+
 /// The passes of a background loop: the first at once, then one every
 /// period until shutdown; a pass that overruns its period delays the next
 /// instead of bunching them up.
@@ -743,6 +763,22 @@ mod tests {
         // Another workspace has a cache entry of its own.
         webhooks.webhooks_of("ws_b").await.unwrap();
         assert_eq!(webhooks.reads.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn outstanding_deliveries_are_bounded_in_bytes_too() {
+        let (store, _dir) = crate::store::embedded::temp_store();
+        let webhooks =
+            Webhooks::new(Arc::new(store), Arc::new(Config::default()), Arc::new(Metrics::new()));
+        let big = MAX_OUTSTANDING_BYTES / 4;
+        for n in 0..4 {
+            assert!(webhooks.reserve(&format!("whd_{n}"), big), "{n} fits");
+        }
+        assert!(!webhooks.reserve("whd_4", 1), "past the bytes, though far from the count");
+        webhooks.forget("whd_0");
+        assert!(webhooks.reserve("whd_4", big), "room again once one is done");
+        assert_eq!(webhooks.outstanding(), 4);
+        assert_eq!(webhooks.in_flight.lock().unwrap().bytes, 4 * big);
     }
 
     #[test]
