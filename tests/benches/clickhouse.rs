@@ -44,7 +44,7 @@ use opgraph_cloud::store::clickhouse::{
 use opgraph_cloud::store::gateway::{BatchCommit, GatewayStore};
 use opgraph_simulators::history::{HistoryConfig, event, query_cases};
 use opgraph_tests::Cloud;
-use opgraph_tests::clickhouse::ClickHouse;
+use opgraph_tests::clickhouse::{ClickHouse, flush_query_log};
 use serde_json::Value;
 
 const WORKSPACE: &str = "ws_default";
@@ -279,7 +279,7 @@ async fn insert_part(o: &Options) {
 
 /// Where the server's time went, by statement shape (its first words).
 async fn server_time_by_statement(client: &Client) {
-    client.query("SYSTEM FLUSH LOGS").execute().await.unwrap();
+    flush_query_log(client).await;
     let rows: Vec<(String, u64, u64)> = client
         .query(
             "SELECT substring(replaceRegexpAll(query, '[[:space:]]+', ' '), 1, 70) AS shape, count(),
@@ -317,7 +317,7 @@ fn client_time(tcp_port: u16, sql: &str) -> f64 {
 
 /// The `SELECT`s the cloud sent since the query log was last emptied.
 async fn logged_selects(control: &Client) -> Vec<String> {
-    control.query("SYSTEM FLUSH LOGS").execute().await.unwrap();
+    flush_query_log(control).await;
     let queries: Vec<String> = control
         .query(
             "SELECT query FROM system.query_log WHERE type = 2 AND query LIKE 'SELECT%'
@@ -395,7 +395,7 @@ async fn queries_part(o: &Options) {
         }
         // Flushed first: entries still buffered would land after the
         // truncation and count as this case's.
-        control.query("SYSTEM FLUSH LOGS").execute().await.unwrap();
+        flush_query_log(&control).await;
         control.query("TRUNCATE TABLE system.query_log").execute().await.unwrap();
         call(&cloud, method, path, &body).await;
         let statements = logged_selects(&control).await;

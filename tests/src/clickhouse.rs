@@ -39,6 +39,39 @@ pub struct ClickHouse {
     profile: &'static str,
 }
 
+/// Waits until `system.query_log` holds every query `client` sent before
+/// the call (started with [`ClickHouse::start_logging_queries`]). `SYSTEM
+/// FLUSH LOGS` writes only what the log thread has already taken from its
+/// queue, so the last queries before it may be missing: a marker query is
+/// sent last and flushed for until its end is logged (the queue is first
+/// in, first out). The marker and the polling start with `WITH`, not
+/// `SELECT`, so that counts of `SELECT`s leave them out. Panics after
+/// about 20 s.
+pub async fn flush_query_log(client: &clickhouse::Client) {
+    static MARKERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MARKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let marker = format!("flushed {} {n} {}", std::process::id(), crate::now_ms());
+    let sent = client.query(&format!("WITH '{marker}' AS marker SELECT marker")).execute();
+    sent.await.expect("the marker query runs");
+    for _ in 0..200 {
+        client.query("SYSTEM FLUSH LOGS").execute().await.expect("SYSTEM FLUSH LOGS");
+        let found: u64 = client
+            .query(
+                "WITH 2 AS finished SELECT count() FROM system.query_log
+                 WHERE type = finished AND query LIKE ?",
+            )
+            .bind(format!("WITH '{marker}'%"))
+            .fetch_one()
+            .await
+            .expect("the query log is read");
+        if found > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the query log never showed the marker query");
+}
+
 /// Where Debian puts the server, or `None` when it is not installed.
 pub fn server_binary() -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH").and_then(|paths| {
@@ -69,8 +102,8 @@ impl ClickHouse {
     }
 
     /// [`Self::start`] with every query of every user written to
-    /// `system.query_log` (flushed by `SYSTEM FLUSH LOGS`), for benchmarks
-    /// that replay the SQL a process sent.
+    /// `system.query_log` (read it after [`flush_query_log`]), for tests and
+    /// benchmarks that count or replay the SQL a process sent.
     pub async fn start_logging_queries() -> Result<ClickHouse> {
         let query_log = "    <query_log><database>system</database><table>query_log</table>\
                          <flush_interval_milliseconds>1000</flush_interval_milliseconds></query_log>";

@@ -978,27 +978,15 @@ mod tests {
     }
 
     /// How many queries started on the server's `system.query_log` match
-    /// `like`, counting every query sent before the call. `SYSTEM FLUSH
-    /// LOGS` writes only what the log thread has already taken from its
-    /// queue, so a marker query is sent last and flushed for until it is
-    /// found: the queue is first in, first out.
+    /// `like`, counting every query sent before the call.
     pub(super) async fn queries_logged(client: &clickhouse::Client, like: &str) -> u64 {
-        let marker = format!("queries_logged {}", crate::ids::new_id("m"));
-        client.query(&format!("SELECT '{marker}'")).execute().await.unwrap();
-        let count = |pattern: String| {
-            client
-                .query("SELECT count() FROM system.query_log WHERE type = 1 AND query LIKE ?")
-                .bind(pattern)
-                .fetch_one::<u64>()
-        };
-        for _ in 0..100 {
-            client.query("SYSTEM FLUSH LOGS").execute().await.unwrap();
-            if count(format!("SELECT '{marker}'")).await.unwrap() > 0 {
-                return count(like.to_owned()).await.unwrap();
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-        panic!("the query log never showed the marker query");
+        opgraph_tests::clickhouse::flush_query_log(client).await;
+        client
+            .query("SELECT count() FROM system.query_log WHERE type = 1 AND query LIKE ?")
+            .bind(like)
+            .fetch_one()
+            .await
+            .unwrap()
     }
 
     mod conformance {
