@@ -137,6 +137,25 @@ fn runtime(name: &str, threads: usize) -> Runtime {
         .expect("runtime")
 }
 
+/// Round `round` of `base` beside `real`: which goes first alternates, so
+/// that a drift in the machine's load weighs on both alike.
+fn alternated(
+    round: usize,
+    base: &Target,
+    real: &Target,
+    run: impl Fn(&Target) -> load::Outcome,
+) -> (load::Outcome, load::Outcome) {
+    let (base, real) = if round.is_multiple_of(2) {
+        let base = run(base);
+        (base, run(real))
+    } else {
+        let real = run(real);
+        (run(base), real)
+    };
+    assert_eq!(base.failed + real.failed, 0, "requests failed; see above");
+    (base, real)
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
@@ -201,18 +220,11 @@ fn main() {
         println!("    round   no-op req/s  ingest req/s  ratio   ingest p50/p99 ms");
         let mut ratios = Vec::new();
         let (mut noops, mut ingests) = (Vec::new(), Vec::new());
+        let run = |target: &Target| {
+            client_rt.block_on(load::run(target, options.connections, warmup, measure))
+        };
         for round in 0..options.rounds {
-            let run = |target: &Target| {
-                client_rt.block_on(load::run(target, options.connections, warmup, measure))
-            };
-            let (base, mut real) = if round % 2 == 0 {
-                let base = run(&baseline);
-                (base, run(&ingest))
-            } else {
-                let real = run(&ingest);
-                (run(&baseline), real)
-            };
-            assert_eq!(base.failed + real.failed, 0, "requests failed; see above");
+            let (base, mut real) = alternated(round, &baseline, &ingest, run);
             let ratio = real.per_second() / base.per_second();
             println!(
                 "    {:>5}  {:>12.0}  {:>12.0}  {:>5.2}   {:.2} / {:.2}",
@@ -328,18 +340,11 @@ fn main() {
         );
         println!("    round   plain req/s  limits req/s  ratio");
         let (mut plains, mut limiteds, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let run = |target: &Target| {
+            client_rt.block_on(load::run(target, options.connections, warmup, measure))
+        };
         for round in 0..options.rounds {
-            let run = |target: &Target| {
-                client_rt.block_on(load::run(target, options.connections, warmup, measure))
-            };
-            let (base, real) = if round % 2 == 0 {
-                let base = run(&plain_target);
-                (base, run(&limited_target))
-            } else {
-                let real = run(&limited_target);
-                (run(&plain_target), real)
-            };
-            assert_eq!(base.failed + real.failed, 0, "requests failed; see above");
+            let (base, real) = alternated(round, &plain_target, &limited_target, run);
             let ratio = real.per_second() / base.per_second();
             println!(
                 "    {:>5}  {:>12.0}  {:>12.0}  {:>5.2}",
