@@ -98,21 +98,13 @@ impl FromRequest<AppState> for JsonBody {
             state.metrics.reject("unsupported_media_type");
             return Err(Error::UnsupportedMediaType);
         }
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
-            state.metrics.reject("payload_too_large");
-            return Err(Error::PayloadTooLarge { limit });
-        }
+        let unread = |error| {
+            state.metrics.reject(opgraph_proto::serve::BodyReadError::code(error));
+            Error::Body { error, limit }
+        };
+        opgraph_proto::serve::check_declared_length(req.headers(), limit).map_err(unread)?;
         let read = opgraph_proto::serve::read_body(req.into_body(), limit).await;
-        let bytes = read.map_err(|e| {
-            let error = Error::body(e, limit);
-            state.metrics.reject(error.code());
-            error
-        })?;
+        let bytes = read.map_err(unread)?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
             state.metrics.reject("invalid_json");
             Error::InvalidJson(e.to_string())

@@ -27,14 +27,11 @@ pub enum Error {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
-    #[error("request body is larger than {limit} bytes")]
-    PayloadTooLarge { limit: usize },
+    /// 413, 408 or 400: too large, too slow, or cut off.
+    #[error("{}", .error.message(*.limit))]
+    Body { error: opgraph_proto::serve::BodyReadError, limit: usize },
     #[error("Content-Type must be application/json")]
     UnsupportedMediaType,
-    #[error("request body stalled: sent too slowly")]
-    BodyStalled,
-    #[error("request body could not be read")]
-    BodyUnreadable,
     #[error("rate limit exceeded")]
     RateLimited { retry_after_secs: u64 },
     #[error("the store is unavailable")]
@@ -70,12 +67,10 @@ impl Error {
             Error::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Error::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             Error::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-            Error::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Error::Body { error, .. } => (error.status(), error.code()),
             Error::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
-            Error::BodyStalled => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
-            Error::BodyUnreadable => (StatusCode::BAD_REQUEST, "unreadable_body"),
             Error::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Error::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
@@ -87,18 +82,6 @@ impl Error {
     /// metrics.
     pub fn code(&self) -> &'static str {
         self.status_and_code().1
-    }
-}
-
-impl Error {
-    /// A request body that could not be read whole, `limit` its bound.
-    pub fn body(e: opgraph_proto::serve::BodyReadError, limit: usize) -> Self {
-        use opgraph_proto::serve::BodyReadError;
-        match e {
-            BodyReadError::TooLarge => Error::PayloadTooLarge { limit },
-            BodyReadError::Stalled => Error::BodyStalled,
-            BodyReadError::Broken => Error::BodyUnreadable,
-        }
     }
 }
 

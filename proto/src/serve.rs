@@ -20,6 +20,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::http::{HeaderMap, StatusCode, header};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -126,13 +127,44 @@ pub enum BodyReadError {
 }
 
 impl BodyReadError {
-    /// What to tell the client.
+    /// What to tell the client, `limit` the body's bound.
     pub fn message(self, limit: usize) -> String {
         match self {
             BodyReadError::TooLarge => format!("request body is larger than {limit} bytes"),
             BodyReadError::Stalled => "request body stalled: sent too slowly".to_owned(),
             BodyReadError::Broken => "request body could not be read".to_owned(),
         }
+    }
+
+    /// The status to answer with.
+    pub fn status(self) -> StatusCode {
+        match self {
+            BodyReadError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyReadError::Stalled => StatusCode::REQUEST_TIMEOUT,
+            BodyReadError::Broken => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The error shape's code, also the rejection reason in metrics.
+    pub fn code(self) -> &'static str {
+        match self {
+            BodyReadError::TooLarge => "payload_too_large",
+            BodyReadError::Stalled => "request_timeout",
+            BodyReadError::Broken => "unreadable_body",
+        }
+    }
+}
+
+/// Refuses, before any of it is read, a body whose `Content-Length`
+/// passes `limit`.
+pub fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), BodyReadError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => Err(BodyReadError::TooLarge),
+        _ => Ok(()),
     }
 }
 
@@ -193,7 +225,6 @@ async fn connection(
 
 #[cfg(test)]
 mod tests {
-    use axum::http::StatusCode;
     use axum::routing::{get, post};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -213,11 +244,7 @@ mod tests {
         let (called, echo_called) = tokio::sync::mpsc::unbounded_channel();
         let echo = move |body: Body| async move {
             let _ = called.send(());
-            read_body(body, 8).await.map_err(|e| match e {
-                BodyReadError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-                BodyReadError::Stalled => StatusCode::REQUEST_TIMEOUT,
-                BodyReadError::Broken => StatusCode::BAD_REQUEST,
-            })
+            read_body(body, 8).await.map_err(BodyReadError::status)
         };
         let app = Router::new()
             .route(

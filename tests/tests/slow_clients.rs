@@ -80,6 +80,16 @@ async fn the_gateway_cuts_off_silent_and_stalled_clients() {
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     let reply = stall(&gateway.url, "/ingest", "unused").await;
     assert!(reply.starts_with("HTTP/1.1 408") && reply.contains("request_timeout"), "{reply}");
+    // Told apart from a body past the limit (1 MiB), refused unread.
+    let addr = gateway.url.trim_start_matches("http://");
+    let mut large = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /ingest HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: 2000000\r\nConnection: close\r\n\r\n"
+    );
+    large.write_all(head.as_bytes()).await.unwrap();
+    let reply = until_closed(&mut large).await;
+    assert!(reply.starts_with("HTTP/1.1 413") && reply.contains("payload_too_large"), "{reply}");
     assert_eq!(gateway.post("pallet.ok", 1).await.len(), 1);
     let health: Value = gateway.health().await;
     assert_eq!(health["buffer"]["appended_total"], 1, "{health}");

@@ -96,21 +96,8 @@ async fn accept(
         ));
     }
     let limit = state.body_limit;
-    let unread = |e: BodyReadError| {
-        let (status, code) = match e {
-            BodyReadError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
-            BodyReadError::Stalled => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
-            BodyReadError::Broken => (StatusCode::BAD_REQUEST, "unreadable_body"),
-        };
-        ApiError::new(status, code, e.message(limit))
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(unread(BodyReadError::TooLarge));
-    }
+    let unread = |e: BodyReadError| ApiError::new(e.status(), e.code(), e.message(limit));
+    opgraph_proto::serve::check_declared_length(headers, limit).map_err(unread)?;
     let key = match headers.get("idempotency-key") {
         Some(value) => Some(idempotency_key(value.as_bytes()).map_err(|message| ApiError {
             field: Some("Idempotency-Key".to_owned()),
