@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use rand::Rng;
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::store::{ApiKeyRecord, Store};
@@ -103,9 +102,7 @@ pub fn looks_like_api_key(key: &str) -> bool {
 }
 
 /// Lower-case hex SHA-256: what the store keeps instead of the key.
-pub fn hash_key(key: &str) -> String {
-    crate::ids::hex(&Sha256::digest(key.as_bytes()))
-}
+pub use opgraph_proto::ids::credential_hash as hash_key;
 
 /// The first characters of a key, safe to show in listings.
 pub fn key_hint(key: &str) -> String {

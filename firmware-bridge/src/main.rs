@@ -14,6 +14,9 @@
 //! The event time is the gateway's receive time; the device's clock, when
 //! it sends one, is kept in `context.deviceTimestamp`. It prints
 //! `summary {json}` (counts) on stdout when it stops (SIGTERM, Ctrl-C).
+//! A gateway that refuses its token (401) stops it with an error: nothing
+//! but a new token mends that, and the device keeps what was not
+//! acknowledged.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,6 +46,11 @@ struct Args {
     /// The events' actor type; the actor id is the device's own.
     #[arg(long, default_value = "device")]
     device_type: String,
+    /// The bearer token of a gateway that asks for one
+    /// (`http.ingest_token_sha256`). Best given by the environment:
+    /// arguments show in the process list.
+    #[arg(long, env = "OPGRAPH_GATEWAY_INGEST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Time limit of one post to the gateway.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -150,7 +158,7 @@ async fn run(args: &Args, endpoint: &str) -> Result<Counts, String> {
                 *counts.rejected.entry(reason).or_default() += 1;
                 tracing::warn!(reason, "input rejected: {why}");
             }
-            if !deliver(&client, endpoint, &step, &mut counts).await {
+            if !deliver(&client, endpoint, args.token.as_deref(), &step, &mut counts).await? {
                 session.not_stored();
                 continue;
             }
@@ -166,13 +174,14 @@ async fn run(args: &Args, endpoint: &str) -> Result<Counts, String> {
 }
 
 /// Posts `step`'s readings; `true` when the gateway holds every one it
-/// will ever accept.
+/// will ever accept, an error when it refuses the bridge.
 async fn deliver(
     client: &reqwest::Client,
     endpoint: &str,
+    token: Option<&str>,
     step: &Step,
     counts: &mut Counts,
-) -> bool {
+) -> Result<bool, String> {
     let events: Vec<Value> = step
         .readings
         .iter()
@@ -186,15 +195,15 @@ async fn deliver(
         .collect();
     let mut refused = 0;
     for batch in events.chunks(MAX_BATCH) {
-        match post(client, endpoint, &json!({"batch": batch}), counts).await {
+        match post(client, endpoint, token, &json!({"batch": batch}), counts).await? {
             Posted::Stored => {}
-            Posted::Failed => return false,
+            Posted::Failed => return Ok(false),
             // One invalid event refuses the batch: find it, keep the rest.
             Posted::Refused => {
                 for event in batch {
-                    match post(client, endpoint, event, counts).await {
+                    match post(client, endpoint, token, event, counts).await? {
                         Posted::Stored => {}
-                        Posted::Failed => return false,
+                        Posted::Failed => return Ok(false),
                         Posted::Refused => refused += 1,
                     }
                 }
@@ -203,7 +212,7 @@ async fn deliver(
     }
     counts.refused += refused;
     counts.readings += events.len() as u64 - refused;
-    true
+    Ok(true)
 }
 
 enum Posted {
@@ -215,33 +224,45 @@ enum Posted {
     Failed,
 }
 
+/// One post; an error when the gateway refuses the bridge's token.
 async fn post(
     client: &reqwest::Client,
     endpoint: &str,
+    token: Option<&str>,
     body: &Value,
     counts: &mut Counts,
-) -> Posted {
+) -> Result<Posted, String> {
     counts.posts += 1;
-    let response = match client.post(endpoint).json(body).send().await {
+    let mut request = client.post(endpoint).json(body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = match request.send().await {
         Ok(response) => response,
         Err(e) => {
             counts.failed_posts += 1;
             tracing::warn!(error = %e, "the gateway did not answer; the device will resend");
-            return Posted::Failed;
+            return Ok(Posted::Failed);
         }
     };
     let status = response.status();
     if status.is_success() {
-        return Posted::Stored;
+        return Ok(Posted::Stored);
     }
     let text = response.text().await.unwrap_or_default();
+    if status.as_u16() == 401 {
+        let given = if token.is_some() { "refused the token" } else { "asks for a token" };
+        return Err(format!(
+            "the gateway {given} (set OPGRAPH_GATEWAY_INGEST_TOKEN to one it accepts): {text}"
+        ));
+    }
     if matches!(status.as_u16(), 400 | 413 | 415) {
         tracing::warn!(%status, answer = %text, "the gateway refused the readings");
-        return Posted::Refused;
+        return Ok(Posted::Refused);
     }
     counts.failed_posts += 1;
     tracing::warn!(%status, answer = %text, "the gateway could not take the readings; the device will resend");
-    Posted::Failed
+    Ok(Posted::Failed)
 }
 
 #[cfg(test)]

@@ -57,6 +57,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
         sources: Arc::clone(&sources.health),
         body_limit: usize::try_from(config.http.body_limit.as_u64()).unwrap_or(usize::MAX),
         ingest_permits: Arc::new(Semaphore::new(config.http.ingest_concurrency)),
+        ingest_tokens: config
+            .http
+            .ingest_token_sha256
+            .iter()
+            .map(|d| d.to_ascii_lowercase())
+            .collect(),
     };
     let addr = config.http.addr;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Listen {
@@ -74,6 +80,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
     announce(&format!("listening http={bound}"));
     tracing::info!(%bound, gateway = %config.gateway_id, "gateway started");
+    if !bound.ip().is_loopback() && config.http.ingest_token_sha256.is_empty() {
+        tracing::warn!(%bound, "POST /ingest takes events from anyone who can reach this address: \
+            set http.ingest_token_sha256 or bind http.addr to loopback");
+    }
 
     let tasks = TaskTracker::new();
     let intake = CancellationToken::new();

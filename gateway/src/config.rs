@@ -47,9 +47,14 @@ pub struct Config {
 pub struct HttpConfig {
     /// Address of `/health`, `/metrics` and `POST /ingest`. Default
     /// `127.0.0.1:9100`; port 0 picks a free port, printed as `listening
-    /// http=...`. The ingest endpoint takes no credential: keep it on a
-    /// trusted network. Env `OPGRAPH_GATEWAY_HTTP_ADDR`.
+    /// http=...`. Env `OPGRAPH_GATEWAY_HTTP_ADDR`.
     pub addr: SocketAddr,
+    /// SHA-256 digests (hex) of the bearer tokens `POST /ingest` accepts
+    /// (`printf %s "$TOKEN" | sha256sum`): digests, so that the file holds
+    /// nothing to post with. Empty, the default, takes every request: fit
+    /// for a port on loopback only, and warned about at startup otherwise.
+    /// At most 1000.
+    pub ingest_token_sha256: Vec<String>,
     /// Largest ingest body; larger ones get 413. Default `1MiB`; `1KiB` to
     /// `256MiB`.
     pub body_limit: ByteSize,
@@ -88,6 +93,7 @@ impl Default for HttpConfig {
         let defaults = opgraph_proto::serve::ServeLimits::default();
         HttpConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 9100)),
+            ingest_token_sha256: Vec::new(),
             body_limit: ByteSize::mib(1),
             ingest_concurrency: 4,
             max_connections: defaults.max_connections,
@@ -113,6 +119,10 @@ impl Default for Config {
 /// Largest `http.body_limit`: a body is held whole and parsed into events
 /// several times its size, `ingest_concurrency` at once.
 pub const MAX_BODY_LIMIT: u64 = 256 * 1024 * 1024;
+
+/// Most `http.ingest_token_sha256` entries: each request is checked
+/// against every one.
+pub const MAX_INGEST_TOKENS: usize = 1000;
 
 /// Longest gateway id (the cloud's limit).
 pub const MAX_GATEWAY_ID_LEN: usize = 200;
@@ -186,6 +196,17 @@ impl Config {
         }
         let limits = opgraph_proto::serve::problems(&self.http.limits());
         problems.extend(limits.into_iter().map(|(key, why)| format!("http.{key}: {why}")));
+        if self.http.ingest_token_sha256.len() > MAX_INGEST_TOKENS {
+            problems.push(format!("http.ingest_token_sha256: at most {MAX_INGEST_TOKENS}"));
+        }
+        for (i, digest) in self.http.ingest_token_sha256.iter().enumerate() {
+            if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                problems.push(format!(
+                    "http.ingest_token_sha256[{i}]: must be 64 hex digits, the SHA-256 of a \
+                     token (printf %s \"$TOKEN\" | sha256sum), not the token"
+                ));
+            }
+        }
         if !(1..=1024).contains(&self.http.ingest_concurrency) {
             problems.push("http.ingest_concurrency: must be 1 to 1024".to_owned());
         }
@@ -410,5 +431,17 @@ mod tests {
         assert!(problems[0].starts_with("sources.mqtt[0].protocol:"), "{problems:?}");
         let problems = problems_of("[sources.mqtt_broker]\nlisten = \"nowhere\"\n");
         assert!(problems[0].starts_with("sources.mqtt_broker.listen:"), "{problems:?}");
+    }
+
+    #[test]
+    fn ingest_tokens_are_digests_not_tokens() {
+        let digest = "BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD";
+        let text = format!("{MINIMAL}\n[http]\ningest_token_sha256 = [\"{digest}\", \"s3cret\"]\n");
+        let problems = problems(Config::parse(&text).unwrap().validate());
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("http.ingest_token_sha256[1]: must be 64 hex"),
+            "{problems:?}"
+        );
     }
 }

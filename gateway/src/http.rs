@@ -39,6 +39,9 @@ pub struct HttpState {
     pub body_limit: usize,
     /// One per ingest body being read and parsed (`http.ingest_concurrency`).
     pub ingest_permits: Arc<Semaphore>,
+    /// Lower-case hex SHA-256 of each token `POST /ingest` accepts; empty,
+    /// every request is accepted (`http.ingest_token_sha256`).
+    pub ingest_tokens: Arc<[String]>,
 }
 
 /// The routes.
@@ -83,6 +86,10 @@ impl IntoResponse for ApiError {
         let mut response = (self.status, axum::Json(json!({ "error": detail }))).into_response();
         if let Some(secs) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            let bearer = HeaderValue::from_static("Bearer");
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, bearer);
         }
         response
     }

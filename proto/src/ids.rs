@@ -69,6 +69,14 @@ fn encode(prefix: &str, value: u128) -> String {
     out
 }
 
+/// Lower-case hex SHA-256 of a credential: what is kept in its place (the
+/// cloud's API keys, the gateway's ingest tokens), so that a stolen store
+/// or config file holds nothing to log in with.
+pub fn credential_hash(secret: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex(&Sha256::digest(secret.as_bytes()))
+}
+
 /// Lower-case hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";

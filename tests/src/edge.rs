@@ -125,6 +125,19 @@ pub fn gateway_config(
     gateway_config_with(dir, transport, endpoint, ca, extra, "")
 }
 
+/// Makes the gateway of `config` (a [`gateway_config`] file) take local
+/// ingest only with `token`.
+pub fn require_ingest_token(config: &Path, token: &str) {
+    // Upper case: the gateway reads digests in either.
+    let digest = opgraph_proto::ids::credential_hash(token).to_ascii_uppercase();
+    let text = std::fs::read_to_string(config).unwrap().replacen(
+        "[http]\n",
+        &format!("[http]\ningest_token_sha256 = [\"{digest}\"]\n"),
+        1,
+    );
+    std::fs::write(config, text).unwrap();
+}
+
 /// [`gateway_config`] with `buffer_extra` in its `[buffer]` table too.
 pub fn gateway_config_with(
     dir: &Path,

@@ -212,6 +212,54 @@ async fn a_keyed_request_sent_again_is_stored_once() {
     assert!(gateway.process.terminate().await.unwrap().success());
 }
 
+/// A gateway given ingest token digests takes events only with one of
+/// those tokens, refusing the rest before their bodies count, while its
+/// health stays open to probes.
+#[tokio::test]
+async fn ingest_tokens_keep_strangers_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
+    let gw_dir = tmp.path().join("gateway");
+    std::fs::create_dir_all(&gw_dir).unwrap();
+    let receiver = cloud.receiver(Transport::Grpc);
+    let config = gateway_config(&gw_dir, Transport::Grpc, &receiver, &cloud.cert(), "");
+    let token = "line-7-scanner-secret";
+    require_ingest_token(&config, token);
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let client = reqwest::Client::new();
+    let post = async |event: &str, authorization: Option<&str>| {
+        let mut request = client
+            .post(format!("{}/ingest", gateway.url))
+            .json(&json!({ "event": event, "properties": {} }));
+        if let Some(value) = authorization {
+            request = request.header("Authorization", value);
+        }
+        let response = request.send().await.unwrap();
+        let challenge = response.headers().get("www-authenticate").cloned();
+        (response.status(), challenge, response.json::<Value>().await.unwrap())
+    };
+    let wrong = [None, Some("Bearer not-the-token"), Some(token), Some("Basic bGluZTpzZWNyZXQ=")];
+    for authorization in wrong {
+        let (status, challenge, body) = post("door.forced", authorization).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{authorization:?}: {body}");
+        assert_eq!(challenge.unwrap(), "Bearer");
+        assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+    }
+    let (status, _, body) = post("door.opened", Some(&format!("bearer {token}"))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let ids: Vec<String> = serde_json::from_value(body["ids"].clone()).unwrap();
+    wait_delivered(&cloud, "door.opened", &ids).await;
+    wait_drained(&gateway).await;
+    assert!(cloud.ids("door.forced").await.is_empty(), "nothing refused was stored");
+    assert_eq!(gateway.health().await["status"], "ok");
+    let metrics = gateway.metrics().await;
+    assert!(
+        metrics.contains("opgraph_gateway_ingest_rejections_total{reason=\"unauthorized\"} 4"),
+        "{metrics}"
+    );
+    assert!(gateway.process.terminate().await.unwrap().success());
+}
+
 /// Kills the gateway with SIGKILL while a slow link (the flaky-link proxy
 /// adds latency) is half way through the backlog, restarts it on the same
 /// buffer, and checks the cloud ends up with every event exactly once.

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use opgraph_tests::edge::*;
-use opgraph_tests::{Process, TEST_BOOTSTRAP_KEY};
+use opgraph_tests::{Process, TEST_BOOTSTRAP_KEY, binary};
 use serde_json::Value;
 
 const EVENT: &str = "temperature.measured";
@@ -159,4 +159,35 @@ async fn the_bridge_posts_to_a_gateway_and_survives_its_own_restart() {
         .expect("the bridge's summary");
     assert!(summary["readings"].as_u64().unwrap() > 0, "{summary}");
     assert_eq!(summary["refused"], 0, "{summary}");
+}
+
+/// Behind a gateway that takes ingest only with a token, the bridge
+/// without one stops with an error saying so, its readings left with the
+/// device; given the token by its environment, it delivers them all.
+#[tokio::test]
+async fn the_bridge_brings_the_gateways_ingest_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let link = tmp.path().join("sensor");
+    let (cloud, config, gateway) = site(tmp.path(), "").await;
+    assert!(gateway.process.terminate().await.unwrap().success());
+    let token = "cold-room-bridge";
+    require_ingest_token(&config, token);
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let _device = device(tmp.path(), &link, 200, &[]).await;
+    let link_arg = link.display().to_string();
+    let args = ["--port", &link_arg, "--gateway", &gateway.url, "--device-type", "sensor"];
+    let refused = tokio::process::Command::new(binary("opgraph-firmware-bridge").unwrap())
+        .args(args)
+        .env_remove("OPGRAPH_GATEWAY_INGEST_TOKEN")
+        .output();
+    let refused = tokio::time::timeout(DELIVERY_TIMEOUT, refused).await.unwrap().unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("asks for a token"), "{stderr}");
+    assert!(stderr.contains("OPGRAPH_GATEWAY_INGEST_TOKEN"), "{stderr}");
+    let env = [("OPGRAPH_GATEWAY_INGEST_TOKEN", token.to_owned())];
+    let bridge = Process::start("opgraph-firmware-bridge", &args, &env, &[]).await.unwrap();
+    all_acked(tmp.path(), 200).await;
+    exactly_once(&cloud, 200).await;
+    assert!(bridge.stop().await.unwrap().0.success());
 }

@@ -88,6 +88,7 @@ async fn accept(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(usize, Vec<String>), ApiError> {
+    authorize(&state.ingest_tokens, headers)?;
     if !is_json(headers) {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -129,6 +130,26 @@ async fn accept(
     state.buffer.append(records).await.map_err(append_error)?;
     state.metrics.events_accepted.inc_by(ids.len() as u64);
     Ok((ids.len(), ids))
+}
+
+/// Whether the request's bearer token is one of `tokens` (digests), when
+/// there are any. Checked before the body is read: a stranger's body costs
+/// nothing.
+fn authorize(tokens: &[String], headers: &HeaderMap) -> Result<(), ApiError> {
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let unauthorized = |message| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message);
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
+        .ok_or_else(|| unauthorized("a token is required: Authorization: Bearer <token>"))?;
+    let digest = opgraph_proto::ids::credential_hash(token);
+    // Digests of a secret: comparing them early-exit leaks nothing usable.
+    if tokens.contains(&digest) { Ok(()) } else { Err(unauthorized("the token is not accepted")) }
 }
 
 fn shutting_down() -> ApiError {
@@ -195,6 +216,7 @@ mod tests {
             sources: Arc::new(SourceSet::new(Vec::new())),
             body_limit: 1 << 20,
             ingest_permits: permits,
+            ingest_tokens: Arc::from([]),
         }
     }
 
