@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use bytesize::ByteSize;
 use rumqttc::mqttbytes::v4::{
     ConnAck, ConnectReturnCode, Packet, PubAck, Publish, SubAck, SubscribeReasonCode, UnsubAck,
@@ -112,6 +112,13 @@ pub struct MqttIngestConfig {
     /// Most messages of one connection mapped and appended at once.
     /// Default 1000.
     pub batch_max: usize,
+    /// Memory for packets larger than 64 KiB while they arrive, all
+    /// connections together: a connection whose next packet does not fit
+    /// waits, its device's bytes left in the kernel's socket buffers, so
+    /// that many devices each sending a large message slowly cannot make
+    /// the gateway hold `max_connections` × `max_payload`. Never less than
+    /// one packet of `max_payload`. Default `64MiB`; `1MiB` to `16GiB`.
+    pub packet_memory: ByteSize,
     /// Most connections reading ahead, mapping and appending a batch at
     /// once; the others keep their devices' bytes in the kernel's socket
     /// buffers until a slot frees. Bounds the gateway's memory with many
@@ -148,6 +155,7 @@ impl Default for MqttIngestConfig {
             idle_timeout: Duration::from_secs(3600),
             batch_max: 1000,
             max_concurrent_batches: 64,
+            packet_memory: ByteSize::mib(64),
             max_clock_skew: Duration::from_secs(30),
             resends_without_dup: true,
             rules: Vec::new(),
@@ -182,6 +190,9 @@ impl MqttIngestConfig {
         if !(1..=10_000).contains(&self.max_concurrent_batches) {
             problems.push("max_concurrent_batches: must be 1 to 10000".to_owned());
         }
+        if !(1 << 20..=16 << 30).contains(&self.packet_memory.as_u64()) {
+            problems.push("packet_memory: must be 1MiB to 16GiB".to_owned());
+        }
         if self.rules.is_empty() {
             problems.push("rules: at least one rule is needed".to_owned());
         }
@@ -214,6 +225,8 @@ struct Shared {
     /// One permit per connection working on a batch
     /// (`max_concurrent_batches`).
     batches: Semaphore,
+    /// Bytes of packets over [`READ_CHUNK`] arriving (`packet_memory`).
+    packet_memory: Semaphore,
     /// Per persistent client, its latest QoS 1 messages acknowledged: the
     /// ones it sends again when our PUBACK was lost with the connection or
     /// a crash.
@@ -264,6 +277,11 @@ impl MqttIngestSource {
                 batch_max: config.batch_max,
                 resends_without_dup: config.resends_without_dup,
                 batches: Semaphore::new(config.max_concurrent_batches),
+                packet_memory: Semaphore::new(
+                    usize::try_from(config.packet_memory.as_u64())
+                        .unwrap_or(usize::MAX)
+                        .max(max_packet.saturating_add(1024)),
+                ),
                 acked: match state {
                     Some(state) => Acked::open(
                         &journal_path(&state.dir, &config.name),
@@ -443,7 +461,9 @@ async fn serve(
     let mut out = BytesMut::new();
     let first = tokio::time::timeout(
         shared.connect_timeout,
-        read_packet(&mut stream, &mut buf, shared.max_packet),
+        // Before its login a connection may not make the gateway hold
+        // more than a chunk: CONNECT carries no reading.
+        read_packet(&mut stream, &mut buf, shared.max_packet.min(READ_CHUNK)),
     )
     .await
     .map_err(|_| "no CONNECT in time".to_owned())??;
@@ -489,25 +509,45 @@ async fn serve(
         seconds => Duration::from_millis(u64::from(seconds) * 1500),
     };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    // Room in `packet_memory` for the first packet in `buf`, held until
+    // that packet is taken into a batch.
+    let mut reserved = None;
     loop {
         // A batch that stopped at batch_max leaves whole packets behind:
         // handle them before waiting for more.
-        let complete = match rumqttc::mqttbytes::check(buf.iter(), shared.max_packet) {
-            Ok(_) => true,
-            Err(CodecError::InsufficientBytes(_)) => false,
-            Err(e) => {
+        let first = match scan(&buf, shared.max_packet, 1) {
+            Scan { complete: 0, bad: Some(e), .. } => {
                 intake.health().rejected("malformed_packet");
                 return Err(format!("malformed packet: {e}"));
             }
+            first => first,
         };
+        let complete = first.complete > 0;
+        // The packet arriving is bigger than a connection may hold on its
+        // own: it waits for room in `packet_memory` before reading more.
+        if !complete && first.next > READ_CHUNK && reserved.is_none() {
+            let bytes = u32::try_from(first.next).unwrap_or(u32::MAX);
+            reserved = tokio::select! {
+                permit = shared.packet_memory.acquire_many(bytes) => {
+                    Some(permit.map_err(|_| "shutting down".to_owned())?)
+                }
+                () = shutdown.cancelled() => return Ok(()),
+            };
+        }
         // Small until the connection holds a batch slot: a thousand devices
-        // waiting for one must not hold a [`READ_CHUNK`] each.
-        buf.reserve(IDLE_BUFFER);
+        // waiting for one must not hold a [`READ_CHUNK`] each. A packet
+        // with room reserved is read to its end.
+        let wanted = first.next.saturating_sub(buf.len());
+        let room = if reserved.is_some() { wanted } else { wanted.clamp(IDLE_BUFFER, READ_CHUNK) };
+        if !complete {
+            buf.reserve(room);
+        }
         let read = async {
             if complete {
                 return Ok(usize::MAX);
             }
-            tokio::time::timeout(idle, stream.read_buf(&mut buf))
+            let limited = &mut (&mut buf).limit(room);
+            tokio::time::timeout(idle, stream.read_buf(limited))
                 .await
                 .unwrap_or_else(|_| Err(std::io::Error::other("silent past its keep-alive")))
         };
@@ -526,6 +566,10 @@ async fn serve(
         if n == 0 && held.is_empty() {
             return Ok(());
         }
+        // Nothing whole yet: no batch to take a slot for.
+        if n != 0 && n != usize::MAX && scan(&buf, shared.max_packet, 1).complete == 0 {
+            continue;
+        }
         // Held until the batch is durable: reading ahead, the packets and
         // their events are what a connection costs in memory.
         let slot = tokio::select! {
@@ -533,15 +577,24 @@ async fn serve(
             () = shutdown.cancelled() => return Ok(()),
         };
         // Take whatever else has arrived already, so that one append (and
-        // one fsync) covers everything the device has in flight.
+        // one fsync) covers everything the device has in flight: whole
+        // packets, up to what one batch takes, and at most a chunk of the
+        // packet after them (more of it waits for room reserved).
+        let most = shared.batch_max.saturating_sub(held.len()).max(1);
+        let mut ahead = scan(&buf, shared.max_packet, most);
         let mut eof = n == 0;
-        while !eof && buf.len() < READ_AHEAD {
+        while !eof && buf.len() < READ_AHEAD && ahead.complete < most && ahead.bad.is_none() {
+            let room = (ahead.end + READ_CHUNK).saturating_sub(buf.len());
+            if room == 0 {
+                break;
+            }
             if buf.capacity() - buf.len() < IDLE_BUFFER {
                 buf.reserve(READ_CHUNK);
             }
             // A zero timeout polls the read once: data already there, or
             // nothing (reading is cancel safe).
-            match tokio::time::timeout(Duration::ZERO, stream.read_buf(&mut buf)).await {
+            let limited = &mut (&mut buf).limit(room);
+            match tokio::time::timeout(Duration::ZERO, stream.read_buf(limited)).await {
                 Ok(Ok(0)) => {
                     eof = true;
                     break;
@@ -550,12 +603,14 @@ async fn serve(
                 Ok(Err(e)) => return Err(e.to_string()),
                 Err(_) => break,
             }
+            ahead = scan_on(ahead, &buf, shared.max_packet, most);
         }
         let mut closing = eof.then_some(Ok(()));
         // Per batch: kept between batches, its capacity (up to a hundred
         // packets) would stay with every idle connection.
         let mut publishes = std::mem::take(&mut held);
         let were_held = publishes.len();
+        let unparsed = buf.len();
         while publishes.len() < shared.batch_max {
             match Packet::read(&mut buf, shared.max_packet) {
                 Ok(Packet::Publish(publish)) => {
@@ -606,6 +661,9 @@ async fn serve(
                     }
                     held = publishes;
                     drop(slot);
+                    if buf.len() < unparsed {
+                        reserved = None;
+                    }
                     if !out.is_empty() {
                         send(&mut stream, &mut out, shutdown).await?;
                     }
@@ -636,6 +694,10 @@ async fn serve(
             }
         }
         drop(slot);
+        // The packet room was reserved for is stored.
+        if buf.len() < unparsed {
+            reserved = None;
+        }
         if !out.is_empty() {
             send(&mut stream, &mut out, shutdown).await?;
         }
@@ -650,6 +712,49 @@ async fn serve(
             buf = small;
         }
     }
+}
+
+/// What a connection's buffer starts with.
+#[derive(Debug)]
+struct Scan {
+    /// Whole packets, counted up to the most asked for.
+    complete: usize,
+    /// Where they end.
+    end: usize,
+    /// The length of the packet after them, once its fixed header is in
+    /// (before, a little more than the bytes there).
+    next: usize,
+    /// What is wrong with the packet after them.
+    bad: Option<CodecError>,
+}
+
+/// Walks the whole packets at the start of `buf`, at most `most`.
+fn scan(buf: &[u8], max: usize, most: usize) -> Scan {
+    let from = Scan { complete: 0, end: 0, next: 0, bad: None };
+    scan_on(from, buf, max, most)
+}
+
+/// [`scan`] from where an earlier scan of the same buffer, since grown,
+/// stopped: reading ahead rescans no packet.
+fn scan_on(mut scan: Scan, buf: &[u8], max: usize, most: usize) -> Scan {
+    scan.bad = None;
+    while scan.complete < most {
+        match rumqttc::mqttbytes::check(buf[scan.end..].iter(), max) {
+            Ok(header) => {
+                scan.end += header.frame_length();
+                scan.complete += 1;
+            }
+            Err(CodecError::InsufficientBytes(missing)) => {
+                scan.next = buf.len() - scan.end + missing;
+                break;
+            }
+            Err(e) => {
+                scan.bad = Some(e);
+                break;
+            }
+        }
+    }
+    scan
 }
 
 /// Whether publishes held to be told copies or new must be decided now,

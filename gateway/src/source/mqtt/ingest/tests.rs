@@ -83,6 +83,7 @@ impl Buffer for TestBuffer {
 
 struct Running {
     addr: SocketAddr,
+    shared: Arc<Shared>,
     buffer: Arc<dyn Buffer>,
     health: Arc<SourceHealth>,
     stop: CancellationToken,
@@ -120,11 +121,12 @@ fn start_on(
     let state = state_dir.map(crate::buffer::BufferConfig::with_dir);
     let source = MqttIngestSource::build(config, "sources.mqtt_ingest[0]", state.as_ref()).unwrap();
     let addr = source.local_addr();
+    let shared = Arc::clone(&source.shared);
     let health = Arc::new(SourceHealth::new("devices", "mqtt_ingest"));
     let intake = Intake::new(Arc::clone(&buffer), Arc::clone(&health), Duration::from_secs(30));
     let stop = CancellationToken::new();
     let task = runtime.spawn(Box::new(source).run(intake, stop.clone()));
-    Running { addr, buffer, health, stop, task }
+    Running { addr, shared, buffer, health, stop, task }
 }
 
 fn client_of(
@@ -749,6 +751,111 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// A packet too large for a connection to hold on its own waits for room
+/// in `packet_memory` before it is read on: with room for one such packet,
+/// a second device's waits, unread and unacknowledged, until the first
+/// device's packet is stored.
+#[tokio::test]
+async fn large_packets_wait_for_packet_memory() {
+    let config = MqttIngestConfig {
+        max_payload: ByteSize::mib(1),
+        packet_memory: ByteSize::mib(1),
+        ..config(&[])
+    };
+    let running = start(&config, Arc::new(MemoryBuffer::new()));
+    let room = running.shared.packet_memory.available_permits();
+    let large = |seq: u64| {
+        let payload = format!("{{\"seq\": {seq}, \"pad\": \"{}\"}}", "x".repeat(600 << 10));
+        let mut publish = Publish::new("readers/r1/tags", QoS::AtLeastOnce, payload);
+        publish.pkid = 1;
+        let mut bytes = BytesMut::new();
+        Packet::Publish(publish).write(&mut bytes, usize::MAX).unwrap();
+        bytes
+    };
+    let (first_packet, second_packet) = (large(1), large(2));
+    let mut first = RawDevice::connect(running.addr, "first", true).await;
+    let mut second = RawDevice::connect(running.addr, "second", true).await;
+    let half = first_packet.len() / 2;
+    first.stream.write_all(&first_packet[..half]).await.unwrap();
+    let reserved = room - first_packet.len();
+    tokio::time::timeout(WAIT, async {
+        while running.shared.packet_memory.available_permits() != reserved {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("room reserved for the first packet");
+    // The second packet, whole: more than the kernel's buffers may take
+    // while it is not read, so written by a task of its own.
+    let (mut second_reader, mut second_writer) = second.stream.into_split();
+    let writing = tokio::spawn(async move { second_writer.write_all(&second_packet).await });
+    let mut second_buf = std::mem::take(&mut second.buf);
+    let early = tokio::time::timeout(
+        Duration::from_millis(300),
+        read_packet(&mut second_reader, &mut second_buf, usize::MAX),
+    )
+    .await;
+    assert!(early.is_err(), "the second packet was taken in without room: {early:?}");
+    assert_eq!(running.health.to_json()["received_total"], 0);
+    first.stream.write_all(&first_packet[half..]).await.unwrap();
+    assert!(matches!(first.read().await, Packet::PubAck(a) if a.pkid == 1));
+    let acked = read_packet(&mut second_reader, &mut second_buf, usize::MAX);
+    let acked = tokio::time::timeout(WAIT, acked).await.unwrap().unwrap();
+    assert!(matches!(&acked, Packet::PubAck(a) if a.pkid == 1), "{acked:?}");
+    writing.await.unwrap().unwrap();
+    let records = running.buffer.read(1, 10, usize::MAX).await.unwrap();
+    let readings: Vec<i64> = records.iter().map(|r| seq_of(&r.payload)).collect();
+    assert_eq!(readings, [1, 2], "stored in the order room was made");
+    assert_eq!(running.shared.packet_memory.available_permits(), room, "all room given back");
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
+/// A CONNECT past a chunk closes the connection unanswered: before its
+/// login a device gets no more memory than that.
+#[tokio::test]
+async fn a_connect_past_a_chunk_is_refused() {
+    let running = start(&config(&[]), Arc::new(MemoryBuffer::new()));
+    for (will, answered) in [(READ_CHUNK - 100, true), (READ_CHUNK + 1, false)] {
+        let mut connect = rumqttc::Connect::new("willing");
+        connect.last_will =
+            Some(rumqttc::LastWill::new("t", vec![b'w'; will], QoS::AtMostOnce, false));
+        let mut hello = BytesMut::new();
+        Packet::Connect(connect).write(&mut hello, usize::MAX).unwrap();
+        let mut stream = TcpStream::connect(running.addr).await.unwrap();
+        stream.write_all(&hello).await.unwrap();
+        stream.shutdown().await.unwrap();
+        let mut reply = Vec::new();
+        // Closed with bytes unread, the connection may be reset.
+        let _ = tokio::time::timeout(WAIT, stream.read_to_end(&mut reply)).await.unwrap();
+        assert_eq!(reply.starts_with(&[0x20, 0x02]), answered, "a will of {will} bytes: {reply:?}");
+    }
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+}
+
+/// Scanning tells whole packets from the one still arriving, and how long
+/// that one is once its header is in; scanning on counts the same.
+#[test]
+fn scans_find_whole_packets_and_the_length_of_the_next() {
+    let mut bytes = BytesMut::new();
+    for payload in [vec![b'a'; 10], vec![b'b'; 200]] {
+        let publish = Publish::new("t", QoS::AtMostOnce, payload);
+        Packet::Publish(publish).write(&mut bytes, usize::MAX).unwrap();
+    }
+    let two = bytes.len();
+    let large = Publish::new("t", QoS::AtMostOnce, vec![b'c'; 100_000]);
+    Packet::Publish(large).write(&mut bytes, usize::MAX).unwrap();
+    let frame = bytes.len() - two;
+    let seen = scan(&bytes[..two + 4], 1 << 20, 10);
+    assert_eq!((seen.complete, seen.end, seen.next), (2, two, frame));
+    assert_eq!(scan(&bytes[..two + 3], 1 << 20, 10).next, 4, "header not all in yet");
+    assert_eq!(scan(&bytes[..two + 3], 1 << 20, 1).complete, 1, "at most as asked");
+    let on = scan_on(scan(&bytes[..two - 1], 1 << 20, 10), &bytes, 1 << 20, 10);
+    assert_eq!((on.complete, on.end), (3, bytes.len()));
+    assert!(scan(&bytes, 1000, 10).bad.is_some(), "past the largest packet");
 }
 
 #[test]
