@@ -108,6 +108,10 @@ pub struct Anomaly {
     pub direction: &'static str,
 }
 
+/// Event names judged for anomalies, those with the most events in the
+/// window: each takes up to 170 hourly points in memory.
+pub const ANOMALY_NAMES: usize = 1000;
+
 /// The range of hourly counts [`detect_anomalies`] needs at time `now`.
 pub fn anomaly_window(now: i64) -> (i64, i64) {
     let current = now.div_euclid(HOUR_MS) * HOUR_MS;

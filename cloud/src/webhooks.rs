@@ -615,7 +615,7 @@ impl Webhooks {
             business_id: None,
             event: None,
             bucket_ms: HOUR_MS,
-            by_event: true,
+            by_event: Some(crate::intelligence::ANOMALY_NAMES),
         };
         let points = self.store.event_series(ws, &query).await?;
         for anomaly in detect_anomalies(&points, now) {

@@ -17,9 +17,9 @@ use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
 use crate::governance::DecisionStatus;
 use crate::intelligence::{
-    ActionInputs, Anomaly, DAY_MS, HOUR_MS, HealthComponents, HealthInputs, NextAction,
-    anomaly_window, detect_anomalies, health_components, health_score, is_lead, is_order, is_scan,
-    next_actions,
+    ANOMALY_NAMES, ActionInputs, Anomaly, DAY_MS, HOUR_MS, HealthComponents, HealthInputs,
+    NextAction, anomaly_window, detect_anomalies, health_components, health_score, is_lead,
+    is_order, is_scan, next_actions,
 };
 use crate::store::queries::{
     AGENT_TYPES, ActorActivity, Attribution, AttributionModel, AttributionQuery, ConnectorLoad,
@@ -76,7 +76,7 @@ async fn gather(
             business_id: biz.clone(),
             event: None,
             bucket_ms: HOUR_MS,
-            by_event: true,
+            by_event: Some(ANOMALY_NAMES),
         };
         let points = store.event_series(ws, &query).await?;
         s.anomalies = detect_anomalies(&points, now);

@@ -156,7 +156,7 @@ pub async fn metrics_of(
                 business_id: business.clone(),
                 event: event.clone(),
                 bucket_ms,
-                by_event: false,
+                by_event: None,
             };
             let points = state.store.event_series(ws, &query).await?;
             Some(fill_buckets(range, bucket_ms, &points))

@@ -259,7 +259,7 @@ pub async fn series(store: &dyn Store) {
         business_id: None,
         event: Some("order.created".into()),
         bucket_ms: H,
-        by_event: false,
+        by_event: None,
     };
     assert_eq!(buckets(store.event_series(WS, &q).await.unwrap()), [(T, 3), (T + 3 * H, 1)]);
     let q = SeriesQuery { range: Range { from: T + 10 * M, to: T + 2 * H }, event: None, ..q };
@@ -267,14 +267,31 @@ pub async fn series(store: &dyn Store) {
     let q =
         SeriesQuery { range: Range { from: T - 24 * H, to: T + 24 * H }, bucket_ms: 24 * H, ..q };
     assert_eq!(buckets(store.event_series(WS, &q).await.unwrap()), [(T - 24 * H, 3), (T, 20)]);
-    let q = SeriesQuery { range: Range { from: T, to: T + H }, bucket_ms: H, by_event: true, ..q };
-    let points = store.event_series(WS, &q).await.unwrap();
-    let by_event: Vec<(&str, u64)> =
-        points.iter().map(|p| (p.event_name.as_deref().unwrap_or(""), p.count)).collect();
-    assert_eq!(
-        by_event,
-        [("ad.click", 2), ("cart.add", 3), ("order.created", 3), ("page.view", 2)]
-    );
+    let q =
+        SeriesQuery { range: Range { from: T, to: T + H }, bucket_ms: H, by_event: Some(9), ..q };
+    let by_event = async |q: &SeriesQuery| {
+        let points = store.event_series(WS, q).await.unwrap();
+        points
+            .iter()
+            .map(|p| (p.event_name.clone().unwrap_or_default(), p.count))
+            .collect::<Vec<(String, u64)>>()
+    };
+    let expected = [("ad.click", 2), ("cart.add", 3), ("order.created", 3), ("page.view", 2)];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(e, n)| ((*e).into(), *n)).collect();
+    assert_eq!(by_event(&q).await, expected);
+    // The busiest names only, ties by name; still in time and name order.
+    let busiest = SeriesQuery { by_event: Some(3), ..q.clone() };
+    let kept: Vec<(String, u64)> =
+        expected.iter().filter(|(e, _)| e != "page.view").cloned().collect();
+    assert_eq!(by_event(&busiest).await, kept);
+    // Across buckets, a name's events in all of them count: the busiest
+    // is the one totals put first.
+    let day = SeriesQuery { range: Range { from: T, to: T + 4 * H }, by_event: Some(1), ..q };
+    let top = TotalsQuery { range: Some(day.range), limit: 1, ..Default::default() };
+    let top = store.event_totals(WS, &top).await.unwrap().events[0].event_name.clone();
+    let points = store.event_series(WS, &day).await.unwrap();
+    assert!(points.len() > 1, "{points:?}");
+    assert!(points.iter().all(|p| p.event_name.as_deref() == Some(top.as_str())), "{points:?}");
 }
 
 pub async fn funnel(store: &dyn Store) {

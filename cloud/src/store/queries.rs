@@ -67,8 +67,10 @@ pub struct SeriesQuery {
     pub event: Option<String>,
     /// A whole number of hours (3 600 000 or 86 400 000).
     pub bucket_ms: i64,
-    /// One series per event name instead of one in all.
-    pub by_event: bool,
+    /// One series per event name, for at most this many names (those with
+    /// the most events in the range, then by name), instead of one in all:
+    /// a workspace may have millions of names.
+    pub by_event: Option<usize>,
 }
 
 /// One non-empty bucket; buckets with no events are not returned.

@@ -152,18 +152,32 @@ pub(super) async fn series(
     // Buckets are whole UTC hours or days: floor(ts / size) * size.
     let bucket =
         format!("intDiv(ts, {bucket_ms}) * {bucket_ms} - if(ts % {bucket_ms} < 0, {bucket_ms}, 0)");
-    let name = if q.by_event { "event" } else { "''" };
+    let (name, busiest) = match q.by_event {
+        Some(names) => (
+            "event",
+            format!(
+                " AND event IN (SELECT event FROM events WHERE {} GROUP BY event
+                 ORDER BY count() DESC, event LIMIT {names})",
+                filter.sql
+            ),
+        ),
+        None => ("''", String::new()),
+    };
     let sql = format!(
         "SELECT {bucket} AS b, {name} AS e, count(), sum(revenue) FROM events
-         WHERE {} GROUP BY b, e ORDER BY b, e",
+         WHERE {}{busiest} GROUP BY b, e ORDER BY b, e",
         filter.sql
     );
-    let rows: Vec<SeriesRead> = run(filter.query(store, &sql).sent().fetch_all()).await?;
+    let mut query = filter.query(store, &sql);
+    if q.by_event.is_some() {
+        query = filter.bind(query);
+    }
+    let rows: Vec<SeriesRead> = run(query.sent().fetch_all()).await?;
     Ok(rows
         .into_iter()
         .map(|r| SeriesPoint {
             bucket: r.bucket,
-            event_name: q.by_event.then_some(r.event),
+            event_name: q.by_event.map(|_| r.event),
             count: r.count,
             revenue: r.revenue,
         })

@@ -257,12 +257,22 @@ fn series(conn: &Connection, ws: &str, query: &SeriesQuery) -> Result<Vec<Series
         query.event.as_deref(),
         query.bucket_ms,
     );
-    let (select, group) =
-        if query.by_event { ("event", "bucket, event") } else { ("NULL", "bucket") };
+    let (select, group, busiest) = match query.by_event {
+        Some(names) => {
+            q.bind(":names", i64::try_from(names).unwrap_or(i64::MAX));
+            let busiest = format!(
+                " WHERE event IN (SELECT event FROM ({parts}) GROUP BY event
+                 ORDER BY sum(c) DESC, event LIMIT :names)"
+            );
+            ("event", "bucket, event", busiest)
+        }
+        None => ("NULL", "bucket", String::new()),
+    };
     // Rollup hours are whole buckets only when the bucket is a whole number
     // of hours (the API only asks for hours and days).
     let text = format!(
-        "SELECT bucket, {select}, sum(c), sum(r) FROM ({parts}) GROUP BY {group} ORDER BY {group}"
+        "SELECT bucket, {select}, sum(c), sum(r) FROM ({parts}){busiest}
+         GROUP BY {group} ORDER BY {group}"
     );
     let mut stmt = conn.prepare_cached(&text).map_err(sql)?;
     let rows = stmt
