@@ -34,6 +34,13 @@ pub struct MqttBrokerConfig {
     pub max_payload: ByteSize,
     /// QoS 1 messages in flight per connection. Default 100.
     pub max_inflight: usize,
+    /// Memory rumqttd keeps the latest messages of each topic filter in,
+    /// delivered or not: how far the gateway's own subscriber may fall
+    /// behind (a slow disk, a full buffer that blocks) before the oldest
+    /// are dropped unread, and what each filter holds for good once that
+    /// much has passed through. A topic published with no subscription
+    /// gets such a log too. Default `32MiB`; `1MiB` to `1GiB`.
+    pub log_memory: ByteSize,
     /// Time a new connection has to send CONNECT. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -50,6 +57,7 @@ impl Default for MqttBrokerConfig {
             max_connections: 1000,
             max_payload: ByteSize::mib(1),
             max_inflight: 100,
+            log_memory: ByteSize::mib(32),
             connect_timeout: Duration::from_secs(5),
             users: BTreeMap::new(),
         }
@@ -68,6 +76,9 @@ impl MqttBrokerConfig {
         if !(1..=u16::MAX as usize).contains(&self.max_inflight) {
             problems.push("max_inflight: must be 1 to 65535".to_owned());
         }
+        if !(1 << 20..=1 << 30).contains(&self.log_memory.as_u64()) {
+            problems.push("log_memory: must be 1MiB to 1GiB".to_owned());
+        }
         if self.connect_timeout.is_zero() || self.connect_timeout > Duration::from_secs(60) {
             problems.push("connect_timeout: must be 1ms to 60s".to_owned());
         }
@@ -83,6 +94,9 @@ pub struct EmbeddedBroker {
     /// The gateway's own login when devices must log in.
     pub internal_login: Option<(String, String)>,
 }
+
+/// Segments of each topic filter's log in rumqttd.
+const LOG_SEGMENTS: usize = 4;
 
 /// User name of the gateway's own subscriber.
 const INTERNAL_USER: &str = "opgraph-gateway-internal";
@@ -111,6 +125,7 @@ impl EmbeddedBroker {
             auth.insert(user.clone(), pass.clone());
         }
         let max_payload = usize::try_from(config.max_payload.as_u64()).unwrap_or(usize::MAX);
+        let log_memory = usize::try_from(config.log_memory.as_u64()).unwrap_or(usize::MAX);
         let connections = rumqttd::ConnectionSettings {
             connection_timeout_ms: u16::try_from(config.connect_timeout.as_millis())
                 .unwrap_or(u16::MAX),
@@ -130,8 +145,11 @@ impl EmbeddedBroker {
         let router = rumqttd::RouterConfig {
             max_connections: config.max_connections.saturating_add(8),
             max_outgoing_packet_count: 1000,
-            max_segment_size: max_payload.saturating_mul(16).max(16 * 1024 * 1024),
-            max_segment_count: 16,
+            // A log drops whole segments, the oldest first: four of them
+            // keep three quarters to all of `log_memory` (a segment passes
+            // its size by at most one message).
+            max_segment_size: log_memory / LOG_SEGMENTS,
+            max_segment_count: LOG_SEGMENTS,
             custom_segment: None,
             initialized_filters: None,
             shared_subscriptions_strategy: Default::default(),
@@ -185,6 +203,7 @@ mod tests {
         let config = MqttBrokerConfig {
             max_connections: 0,
             max_inflight: 0,
+            log_memory: ByteSize::gib(2),
             connect_timeout: Duration::ZERO,
             ..MqttBrokerConfig::default()
         };
@@ -193,7 +212,7 @@ mod tests {
             .iter()
             .map(|p| p.split(':').next().unwrap_or_default().to_owned())
             .collect();
-        assert_eq!(keys, ["max_connections", "max_inflight", "connect_timeout"]);
+        assert_eq!(keys, ["max_connections", "max_inflight", "log_memory", "connect_timeout"]);
         // rumqttd sets aside room for every connection at start.
         let huge = MqttBrokerConfig { max_connections: usize::MAX, ..MqttBrokerConfig::default() };
         assert_eq!(huge.problems(), ["max_connections: must be 1 to 100000"]);
