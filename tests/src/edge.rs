@@ -112,7 +112,7 @@ impl CloudProc {
     }
 }
 
-/// Writes a gateway config into `dir` (buffer in `dir/buffer`, gateway id
+/// Writes a gateway config into `dir`, made if need be (buffer in `dir/buffer`, gateway id
 /// from the directory's name: one id per buffer); `extra` goes into its
 /// `[uplink]` table.
 pub fn gateway_config(
@@ -125,17 +125,29 @@ pub fn gateway_config(
     gateway_config_with(dir, transport, endpoint, ca, extra, "")
 }
 
+/// Adds `lines` to the `[http]` table of `config` (a [`gateway_config`]
+/// file).
+pub fn add_http_settings(config: &Path, lines: &str) {
+    let text = std::fs::read_to_string(config).unwrap();
+    std::fs::write(config, text.replacen("[http]\n", &format!("[http]\n{lines}\n"), 1)).unwrap();
+}
+
 /// Makes the gateway of `config` (a [`gateway_config`] file) take local
 /// ingest only with `token`.
 pub fn require_ingest_token(config: &Path, token: &str) {
     // Upper case: the gateway reads digests in either.
     let digest = opgraph_proto::ids::credential_hash(token).to_ascii_uppercase();
-    let text = std::fs::read_to_string(config).unwrap().replacen(
-        "[http]\n",
-        &format!("[http]\ningest_token_sha256 = [\"{digest}\"]\n"),
-        1,
-    );
-    std::fs::write(config, text).unwrap();
+    add_http_settings(config, &format!("ingest_token_sha256 = [\"{digest}\"]"));
+}
+
+/// A cloud on its embedded store in `dir/cloud`, receiving over gRPC only,
+/// and the config file of a gateway in `dir/gateway` shipping to it, with
+/// `extra` after its `[uplink]` table (as [`gateway_config`]).
+pub async fn grpc_site(dir: &Path, extra: &str) -> (CloudProc, PathBuf) {
+    let cloud = CloudProc::start(&dir.join("cloud"), "127.0.0.1:0", "off").await;
+    let grpc = cloud.receiver(Transport::Grpc);
+    let config = gateway_config(&dir.join("gateway"), Transport::Grpc, &grpc, &cloud.cert(), extra);
+    (cloud, config)
 }
 
 /// [`gateway_config`] with `buffer_extra` in its `[buffer]` table too.
@@ -175,6 +187,7 @@ backoff_max = "500ms"
         transport = transport.name(),
         ca = ca.display().to_string(),
     );
+    std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("gateway.toml");
     std::fs::write(&path, text).unwrap();
     path

@@ -174,7 +174,6 @@ async fn exactly_once_under_chaos(transport: Transport, backend: Backend, total:
     ];
     let proxy = Process::start("opgraph-sim", &proxy_args, &[], &["proxy"]).await.unwrap();
     let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let config = gateway_config(&gw_dir, transport, &proxy.addrs["proxy"], &cloud.cert(), "");
     let mut gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
 
@@ -291,7 +290,6 @@ async fn crashes_and_power_cuts_lose_no_acknowledged_append_and_reuse_no_sequenc
     let mut acknowledged = Vec::new();
     for round in 0..rounds {
         let gw_dir = disk.path().join("gateway");
-        std::fs::create_dir_all(&gw_dir).unwrap();
         let config = gateway_config(&gw_dir, Transport::Grpc, &dead.to_string(), &ca, "");
         let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
         let producers: Vec<_> =

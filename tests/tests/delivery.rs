@@ -18,7 +18,6 @@ async fn delivers_exactly_once(transport: Transport) {
     let tmp = tempfile::tempdir().unwrap();
     let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "127.0.0.1:0").await;
     let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let config = gateway_config(&gw_dir, transport, &cloud.receiver(transport), &cloud.cert(), "");
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
 
@@ -67,7 +66,6 @@ async fn a_wrong_api_key_stores_nothing_and_health_says_why() {
     let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "127.0.0.1:0").await;
     for transport in [Transport::Grpc, Transport::Quic] {
         let gw_dir = tmp.path().join(transport.name());
-        std::fs::create_dir_all(&gw_dir).unwrap();
         let config =
             gateway_config(&gw_dir, transport, &cloud.receiver(transport), &cloud.cert(), "");
         let gateway = Gateway::start(&config, "og_wrongwrongwrong0123456789abcdef").await;
@@ -100,7 +98,6 @@ async fn events_buffered_while_the_cloud_is_down_are_delivered_once_it_starts() 
     assert!(cloud.process.terminate().await.unwrap().success());
 
     let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cert, "");
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     let ids = gateway.post("truck.arrived", 300).await;
@@ -134,7 +131,6 @@ async fn events_past_the_quota_wait_at_the_gateway_until_it_allows_them() {
     let cloud = CloudProc::start_with(&cloud_dir, "127.0.0.1:0", "off", &quota("100")).await;
     let (grpc, cert) = (cloud.receiver(Transport::Grpc), cloud.cert());
     let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cert, "");
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     let first = gateway.post("crate.weighed", 60).await;
@@ -168,11 +164,7 @@ async fn events_past_the_quota_wait_at_the_gateway_until_it_allows_them() {
 #[tokio::test]
 async fn a_keyed_request_sent_again_is_stored_once() {
     let tmp = tempfile::tempdir().unwrap();
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let receiver = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &receiver, &cloud.cert(), "");
+    let (cloud, config) = grpc_site(tmp.path(), "").await;
     let client = reqwest::Client::new();
     let send = async |gateway: &Gateway, key: &str, picks: &[u64]| -> (StatusCode, Value) {
         let batch: Vec<Value> =
@@ -218,11 +210,7 @@ async fn a_keyed_request_sent_again_is_stored_once() {
 #[tokio::test]
 async fn ingest_tokens_keep_strangers_out() {
     let tmp = tempfile::tempdir().unwrap();
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let receiver = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &receiver, &cloud.cert(), "");
+    let (cloud, config) = grpc_site(tmp.path(), "").await;
     let token = "line-7-scanner-secret";
     require_ingest_token(&config, token);
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
@@ -280,7 +268,6 @@ async fn killed_mid_delivery_resumes(transport: Transport) {
     .await
     .unwrap();
     let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let slow = "batch_max_events = 10\nbatch_linger = \"1ms\"\nmax_in_flight = 1\n";
     let config = gateway_config(&gw_dir, transport, &proxy.addrs["proxy"], &cloud.cert(), slow);
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
@@ -326,7 +313,6 @@ async fn quic_reports_its_path_and_reads_random_loss_as_noise() {
     let (cloud, proxy) = quic_cloud_behind_proxy(tmp.path(), &link).await;
     for congestion in ["loss_tolerant", "cubic"] {
         let gw_dir = tmp.path().join(congestion);
-        std::fs::create_dir_all(&gw_dir).unwrap();
         // Small batches, so that the run crosses some hundreds of packets.
         let extra = format!(
             "congestion = \"{congestion}\"\nbatch_max_events = 2\nbatch_linger = \"1ms\"\n"
@@ -371,7 +357,6 @@ async fn behind_a_bottleneck_quic_still_backs_off_for_its_losses() {
     let link = ["--bandwidth", "64KB", "--queue", "16KiB", "--latency", "5ms"];
     let (cloud, proxy) = quic_cloud_behind_proxy(tmp.path(), &link).await;
     let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     // Enough to keep the link busy for seconds, all of it buffered before
     // the link carries any: posted while the uplink points at a socket
     // that never answers, then the gateway restarted towards the proxy.
@@ -519,7 +504,6 @@ async fn trackable_codes_from_a_gateway_resolve_to_registered_trackables() {
     let trackable_id = created["trackable"]["id"].as_str().unwrap().to_owned();
 
     let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let grpc = cloud.receiver(Transport::Grpc);
     let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), "");
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;

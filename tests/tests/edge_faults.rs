@@ -62,7 +62,6 @@ async fn outage(tmp: &Path, buffer: &str) -> (PathBuf, String, PathBuf, PathBuf)
     let cert = cloud.cert();
     assert!(cloud.process.terminate().await.unwrap().success());
     let gw_dir = tmp.join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let config = gateway_config_with(&gw_dir, Transport::Grpc, &grpc, &cert, "", buffer);
     (cloud_dir, grpc, cert, config)
 }

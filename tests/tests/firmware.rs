@@ -26,11 +26,7 @@ fn firmware_source(name: &str, link: &Path) -> String {
 /// A cloud, and a gateway with `sources` shipping to it over gRPC; the
 /// gateway's config file, to start it again.
 async fn site(dir: &Path, sources: &str) -> (CloudProc, PathBuf, Gateway) {
-    let cloud = CloudProc::start(&dir.join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = dir.join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), sources);
+    let (cloud, config) = grpc_site(dir, sources).await;
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     (cloud, config, gateway)
 }

@@ -98,17 +98,13 @@ async fn modbus_tcp_values_arrive_decoded_and_faulty_devices_are_counted() {
     // A port nobody listens on: bound, then released.
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
 
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let sources = [
         source("press", &format!("tcp = \"{}\"", good.addrs["modbus"]), "press-4"),
         source("flaky", &format!("tcp = \"{}\"", flaky.addrs["modbus"]), "press-5"),
         source("gone", &format!("tcp = \"{dead}\""), "press-6"),
     ]
     .concat();
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &sources);
+    let (cloud, config) = grpc_site(tmp.path(), &sources).await;
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
 
     let events = eventually("three readings of the good device", DELIVERY_TIMEOUT, || async {
@@ -180,16 +176,12 @@ async fn modbus_rtu_values_arrive_decoded() {
         ["modbus", "--rtu-link", &link.display().to_string(), "--map", &map.display().to_string()];
     let device = Process::start("opgraph-sim", &args, &[], &["modbus"]).await.unwrap();
 
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let rtu = format!(
         "rtu = {{ path = {:?}, baud = 19200, parity = \"even\" }}",
         link.display().to_string()
     );
     let source = source("line-2", &rtu, "press-7");
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &source);
+    let (cloud, config) = grpc_site(tmp.path(), &source).await;
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
 
     let events = eventually("two readings over RTU", DELIVERY_TIMEOUT, || async {
@@ -222,16 +214,12 @@ async fn modbus_crc_errors_and_disconnects_are_counted_per_device() {
     let hanging = ["modbus", "--listen", "127.0.0.1:0", "--map", &map, "--disconnect-every", "10"];
     let hanging = Process::start("opgraph-sim", &hanging, &[], &["modbus"]).await.unwrap();
 
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let sources = [
         source("line-3", &format!("rtu = {{ path = {link:?}, baud = 19200 }}"), "press-8"),
         source("hangup", &format!("tcp = \"{}\"", hanging.addrs["modbus"]), "press-9"),
     ]
     .concat();
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &sources);
+    let (cloud, config) = grpc_site(tmp.path(), &sources).await;
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
 
     let health = eventually("CRC errors and disconnects counted", DELIVERY_TIMEOUT, || async {

@@ -55,17 +55,7 @@ struct Site {
 async fn site(extra: impl FnOnce(&Path) -> String) -> Site {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let cloud = CloudProc::start(&dir.join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = dir.join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let extra = extra(&dir);
-    let config = gateway_config(
-        &gw_dir,
-        Transport::Grpc,
-        &cloud.receiver(Transport::Grpc),
-        &cloud.cert(),
-        &extra,
-    );
+    let (cloud, config) = grpc_site(&dir, &extra(&dir)).await;
     Site { _tmp: tmp, dir, cloud, config }
 }
 

@@ -25,11 +25,7 @@ fn sources() -> String {
 #[tokio::test]
 async fn a_fleets_runs_faults_and_throttled_telemetry_arrive() {
     let tmp = tempfile::tempdir().unwrap();
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &sources());
+    let (cloud, config) = grpc_site(tmp.path(), &sources()).await;
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     let broker = gateway.process.addrs["mqtt"].clone();
     eventually("the fleet source subscribed", DELIVERY_TIMEOUT, || async {

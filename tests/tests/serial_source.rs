@@ -68,12 +68,8 @@ async fn scan(gateway: &Gateway, dir: &Path, link: &Path, seed: &str) -> (Proces
 async fn barcode_scanner_codes_arrive_exactly_and_survive_an_unplug() {
     let tmp = tempfile::tempdir().unwrap();
     let link = tmp.path().join("scanner");
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let source = serial_source("dock-1", &link, "barcode", "");
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &source);
+    let (cloud, config) = grpc_site(tmp.path(), &source).await;
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     // No scanner yet: the source waits for the device, it does not fail.
     let waiting = eventually("the missing port reported", DELIVERY_TIMEOUT, || async {
@@ -136,17 +132,13 @@ async fn rfid_frames_are_smoothed_into_one_read_and_one_departure_per_tag() {
     let link = tmp.path().join("reader");
     let (mut reader, line_end) = tokio_serial::SerialStream::pair().unwrap();
     std::os::unix::fs::symlink(line_end.name().unwrap(), &link).unwrap();
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
     let source = serial_source(
         "portal-3",
         &link,
         "rfid_binary",
         "dwell = \"200ms\"\ndepart_after = \"800ms\"\n",
     );
-    let grpc = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &grpc, &cloud.cert(), &source);
+    let (cloud, config) = grpc_site(tmp.path(), &source).await;
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     source_health(&gateway, true).await;
 

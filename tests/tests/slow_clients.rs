@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use opgraph_tests::edge::{CloudProc, Gateway, Transport, gateway_config};
+use opgraph_tests::edge::{Gateway, add_http_settings, grpc_site};
 use opgraph_tests::{Cloud, TEST_BOOTSTRAP_KEY};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -67,16 +67,8 @@ async fn the_cloud_cuts_off_silent_and_stalled_clients() {
 #[tokio::test]
 async fn the_gateway_cuts_off_silent_and_stalled_clients() {
     let tmp = tempfile::tempdir().unwrap();
-    let cloud = CloudProc::start(&tmp.path().join("cloud"), "127.0.0.1:0", "off").await;
-    let gw_dir = tmp.path().join("gateway");
-    std::fs::create_dir_all(&gw_dir).unwrap();
-    let receiver = cloud.receiver(Transport::Grpc);
-    let config = gateway_config(&gw_dir, Transport::Grpc, &receiver, &cloud.cert(), "");
-    let text = std::fs::read_to_string(&config).unwrap().replace(
-        "addr = \"127.0.0.1:0\"\n",
-        "addr = \"127.0.0.1:0\"\nheader_timeout = \"300ms\"\nbody_timeout = \"300ms\"\n",
-    );
-    std::fs::write(&config, text).unwrap();
+    let (_cloud, config) = grpc_site(tmp.path(), "").await;
+    add_http_settings(&config, "header_timeout = \"300ms\"\nbody_timeout = \"300ms\"");
     let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
     let reply = stall(&gateway.url, "/ingest", "unused").await;
     assert!(reply.starts_with("HTTP/1.1 408") && reply.contains("request_timeout"), "{reply}");
