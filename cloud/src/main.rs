@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async {
         let shutdown = CancellationToken::new();
-        tokio::spawn(stop_on_signal(shutdown.clone()));
+        tokio::spawn(opgraph_proto::serve::stop_on_signal(shutdown.clone()));
         match opgraph_cloud::server::run(config, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -55,23 +55,4 @@ fn main() -> ExitCode {
             }
         }
     })
-}
-
-async fn stop_on_signal(shutdown: CancellationToken) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut term) = signal(SignalKind::terminate()) else {
-            tracing::error!("cannot listen for SIGTERM");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-    tracing::info!("shutting down");
-    shutdown.cancel();
 }

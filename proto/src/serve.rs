@@ -11,6 +11,7 @@
 //! and its body must not stall for longer than
 //! [`ServeLimits::body_timeout`] between pieces. A body cut off that way
 //! fails to read: [`read_body`] tells that apart from one too large.
+//! Both binaries stop serving the same way too ([`stop_on_signal`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -113,6 +114,27 @@ pub async fn serve(
     stop.cancel();
     connections.close();
     connections.wait().await;
+}
+
+/// Cancels `shutdown` at SIGTERM or Ctrl-C: where a binary's graceful stop
+/// begins.
+pub async fn stop_on_signal(shutdown: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            tracing::error!("cannot listen for SIGTERM");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!("shutting down");
+    shutdown.cancel();
 }
 
 /// Why a request body could not be read whole.
