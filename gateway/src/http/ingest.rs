@@ -28,6 +28,7 @@ use serde_json::json;
 
 use super::{ApiError, HttpState};
 use crate::error::Error;
+use crate::source::now_ms;
 
 /// Ids and buffer records for `events` received at `now_ms`; the ids
 /// derived from `keyed` (the request's `Idempotency-Key` and body) when
@@ -50,12 +51,6 @@ pub fn encode_events(
             (id, Bytes::from(message.encode_to_vec()))
         })
         .unzip()
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn is_json(headers: &HeaderMap) -> bool {

@@ -112,9 +112,10 @@ impl SourceHealth {
         self.resend_check_given_up.load(Ordering::Relaxed)
     }
 
-    /// Whether a rejection at `now_ms` may be logged as a warning: at most
-    /// one a second per source.
-    pub fn may_warn(&self, now_ms: i64) -> bool {
+    /// Whether a line about this source at `now_ms` may be logged above
+    /// debug (a rejection, a device's connection closed): at most one a
+    /// second per source, so that a misbehaving fleet cannot flood the log.
+    pub fn may_log(&self, now_ms: i64) -> bool {
         let last = self.last_warning_ms.load(Ordering::Relaxed);
         now_ms.saturating_sub(last) >= 1000
             && self
@@ -128,7 +129,7 @@ impl SourceHealth {
     /// per source, the rest at debug (all counted).
     pub fn reject(&self, reason: &'static str, why: &dyn std::fmt::Display, now_ms: i64) {
         self.rejected(reason);
-        if self.may_warn(now_ms) {
+        if self.may_log(now_ms) {
             tracing::warn!(source = %self.name, kind = self.kind, reason, "input rejected: {why}");
         } else {
             tracing::debug!(source = %self.name, kind = self.kind, reason, "input rejected: {why}");
@@ -290,10 +291,10 @@ mod tests {
     #[test]
     fn rejections_warn_at_most_once_a_second() {
         let health = SourceHealth::new("s", "mqtt");
-        assert!(health.may_warn(10_000));
-        assert!(!health.may_warn(10_500));
-        assert!(health.may_warn(11_000));
-        assert!(!health.may_warn(11_999));
+        assert!(health.may_log(10_000));
+        assert!(!health.may_log(10_500));
+        assert!(health.may_log(11_000));
+        assert!(!health.may_log(11_999));
     }
 
     #[test]

@@ -364,7 +364,9 @@ impl Source for MqttIngestSource {
                 }
             };
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                tracing::warn!(%peer, "too many device connections: closed");
+                if intake.health().may_log(crate::source::now_ms()) {
+                    tracing::warn!(%peer, "too many device connections: closed");
+                }
                 continue;
             };
             let (shared, intake, stop) =
@@ -392,7 +394,11 @@ impl Source for MqttIngestSource {
                     }
                 };
                 if let Err(reason) = served {
-                    tracing::info!(%peer, %reason, "device connection closed");
+                    if intake.health().may_log(crate::source::now_ms()) {
+                        tracing::info!(%peer, %reason, "device connection closed");
+                    } else {
+                        tracing::debug!(%peer, %reason, "device connection closed");
+                    }
                 }
             };
             connections.spawn(task);
