@@ -31,6 +31,10 @@ pub struct SourceHealth {
     /// (see `mqtt/redelivery.rs`): copies may be stored twice meanwhile.
     resend_check_given_up: AtomicBool,
     rejected: Mutex<BTreeMap<&'static str, u64>>,
+    /// Device connections open now, and those closed at once for want of
+    /// a place (sources devices connect to: the MQTT ingest endpoint).
+    connections: AtomicU64,
+    connections_refused: AtomicU64,
     last_error: Mutex<Option<String>>,
     /// Ms since the epoch of the last rejection logged as a warning.
     last_warning_ms: AtomicI64,
@@ -51,6 +55,8 @@ impl SourceHealth {
             resent: AtomicU64::new(0),
             resend_check_given_up: AtomicBool::new(false),
             rejected: Mutex::new(BTreeMap::new()),
+            connections: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
             last_error: Mutex::new(None),
             last_warning_ms: AtomicI64::new(i64::MIN),
         }
@@ -142,6 +148,17 @@ impl SourceHealth {
         *rejected.entry(reason).or_default() += 1;
     }
 
+    /// A device connected; it counts as connected until the guard drops.
+    pub fn connection_opened(self: &Arc<Self>) -> OpenConnection {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(Arc::clone(self))
+    }
+
+    /// A device's connection was closed at once: no place for it.
+    pub fn connection_refused(&self) {
+        self.connections_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn rejected_by_reason(&self) -> BTreeMap<&'static str, u64> {
         self.rejected.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -164,8 +181,20 @@ impl SourceHealth {
             "throttled_total": self.throttled.load(Ordering::Relaxed),
             "resent_total": self.resent.load(Ordering::Relaxed),
             "resend_check_given_up": self.resend_check_given_up(),
+            "connections": self.connections.load(Ordering::Relaxed),
+            "connections_refused_total": self.connections_refused.load(Ordering::Relaxed),
             "last_error": self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         })
+    }
+}
+
+/// One device connection counted in [`SourceHealth`], until dropped.
+#[derive(Debug)]
+pub struct OpenConnection(Arc<SourceHealth>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -220,7 +249,7 @@ impl Collector for SourceCollector {
         }
         let labels =
             |s: &SourceHealth| SourceLabels { source: s.name.clone(), kind: s.kind.into() };
-        let gauges: [Metric<i64>; 3] = [
+        let gauges: [Metric<i64>; 4] = [
             ("source_connected", "1 while the source is connected to its device or broker", |s| {
                 i64::from(s.connected())
             }),
@@ -232,6 +261,9 @@ impl Collector for SourceCollector {
                 "1 while resends of the broker are not recognised (may be stored twice)",
                 |s| i64::from(s.resend_check_given_up()),
             ),
+            ("source_connections", "Device connections open (sources devices connect to)", |s| {
+                i64::try_from(s.connections.load(Ordering::Relaxed)).unwrap_or(i64::MAX)
+            }),
         ];
         for (name, help, read) in gauges {
             let gauge = ConstGauge::new(0i64);
@@ -240,7 +272,7 @@ impl Collector for SourceCollector {
                 ConstGauge::new(read(s)).encode(family.encode_family(&labels(s))?)?;
             }
         }
-        let counters: [Metric<u64>; 6] = [
+        let counters: [Metric<u64>; 7] = [
             ("source_received", "Messages received", |s| s.received.load(Ordering::Relaxed)),
             ("source_accepted", "Events appended durably", |s| s.accepted.load(Ordering::Relaxed)),
             ("source_dropped", "Mapped events the buffer refused for good", |s| {
@@ -254,6 +286,9 @@ impl Collector for SourceCollector {
             }),
             ("source_resent", "Messages sent again by the broker after they were stored", |s| {
                 s.resent.load(Ordering::Relaxed)
+            }),
+            ("source_connections_refused", "Device connections closed at once: no place", |s| {
+                s.connections_refused.load(Ordering::Relaxed)
             }),
         ];
         for (name, help, read) in counters {

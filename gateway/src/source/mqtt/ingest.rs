@@ -364,6 +364,7 @@ impl Source for MqttIngestSource {
                 }
             };
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                intake.health().connection_refused();
                 if intake.health().may_log(crate::source::now_ms()) {
                     tracing::warn!(%peer, "too many device connections: closed");
                 }
@@ -372,8 +373,9 @@ impl Source for MqttIngestSource {
             let (shared, intake, stop) =
                 (Arc::clone(&self.shared), intake.clone(), shutdown.clone());
             let tls = self.tls.clone();
+            let open = intake.health().connection_opened();
             let task = async move {
-                let _slot = slot;
+                let _slot = (slot, open);
                 let served = match tls {
                     None => serve(stream, &shared, &intake, &stop).await,
                     // Boxed: inline, a TLS connection's state would size

@@ -813,6 +813,40 @@ async fn large_packets_wait_for_packet_memory() {
     tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
 }
 
+/// Health counts the devices connected, and those turned away past
+/// `max_connections`, which the endpoint closes at once.
+#[tokio::test]
+async fn connections_are_counted_and_those_past_the_limit_refused() {
+    let running = start(&MqttIngestConfig { max_connections: 2, ..config(&[]) }, {
+        Arc::new(MemoryBuffer::new())
+    });
+    let health = |key: &str| running.health.to_json()[key].as_u64().unwrap();
+    let until = async |key: &str, n: u64| {
+        tokio::time::timeout(WAIT, async {
+            while health(key) != n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{key} never reached {n}"));
+    };
+    let first = RawDevice::connect(running.addr, "first", true).await;
+    let _second = RawDevice::connect(running.addr, "second", true).await;
+    assert_eq!(health("connections"), 2);
+    let mut third = TcpStream::connect(running.addr).await.unwrap();
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(WAIT, third.read_to_end(&mut reply)).await.unwrap();
+    assert!(reply.is_empty(), "closed unanswered: {reply:?}");
+    assert_eq!(health("connections_refused_total"), 1);
+    drop(first);
+    until("connections", 1).await;
+    let _again = RawDevice::connect(running.addr, "first", true).await;
+    assert_eq!(health("connections"), 2);
+    running.stop.cancel();
+    tokio::time::timeout(WAIT, running.task).await.unwrap().unwrap().unwrap();
+    assert_eq!(running.health.to_json()["connections"], 0, "all closed at shutdown");
+}
+
 /// A CONNECT past a chunk closes the connection unanswered: before its
 /// login a device gets no more memory than that.
 #[tokio::test]
