@@ -80,10 +80,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     }
     announce(&format!("listening http={bound}"));
     tracing::info!(%bound, gateway = %config.gateway_id, "gateway started");
-    if !bound.ip().is_loopback() && config.http.ingest_token_sha256.is_empty() {
-        tracing::warn!(%bound, "POST /ingest takes events from anyone who can reach this address: \
-            set http.ingest_token_sha256 or bind http.addr to loopback");
-    }
+    let open = config.http.ingest_token_sha256.is_empty();
+    crate::source::warn_if_open(bound, open, "POST /ingest", "http.ingest_token_sha256");
 
     let tasks = TaskTracker::new();
     let intake = CancellationToken::new();

@@ -268,6 +268,14 @@ impl Intake {
     }
 }
 
+/// Warns at startup about a port that takes input from anyone who reaches
+/// it (`open`: no credential configured) when it is bound beyond loopback.
+pub fn warn_if_open(addr: std::net::SocketAddr, open: bool, what: &str, credential: &str) {
+    if open && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "{what} takes input from anyone who can reach it: set {credential} or bind it to loopback");
+    }
+}
+
 /// Ms since the Unix epoch, now.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

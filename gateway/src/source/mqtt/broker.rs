@@ -45,8 +45,9 @@ pub struct MqttBrokerConfig {
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Device logins, user name to password. Empty (default): anonymous
-    /// devices are accepted. Keep the port on a trusted network either way:
-    /// the embedded broker has no TLS yet.
+    /// devices are accepted (a warning at startup when `listen` is beyond
+    /// loopback). Keep the port on a trusted network either way: the
+    /// embedded broker has no TLS yet.
     pub users: BTreeMap<String, String>,
 }
 
@@ -115,6 +116,8 @@ impl EmbeddedBroker {
         };
         let addr =
             TcpListener::bind(config.listen).and_then(|l| l.local_addr()).map_err(listen_error)?;
+        let open = config.users.is_empty();
+        crate::source::warn_if_open(addr, open, "sources.mqtt_broker", "its users");
         let internal_login = (!config.users.is_empty()).then(|| {
             let secret: [u8; 16] = rand::rng().random();
             (INTERNAL_USER.to_owned(), opgraph_proto::ids::hex(&secret))

@@ -86,7 +86,8 @@ pub struct MqttIngestConfig {
     /// mqtt-<name>=ADDR`.
     pub listen: SocketAddr,
     /// Device logins, user name to password. Empty (default): anonymous
-    /// devices are accepted; keep the port on a trusted network then.
+    /// devices are accepted; keep the port on a trusted network then (a
+    /// warning at startup when `listen` is beyond loopback).
     pub users: BTreeMap<String, String>,
     /// PEM certificate chain and private key: devices then connect with
     /// TLS (1.2 or 1.3, rustls on ring). Both or neither; neither (default):
@@ -252,6 +253,7 @@ impl MqttIngestSource {
         let listener = std::net::TcpListener::bind(config.listen).map_err(listen_error)?;
         listener.set_nonblocking(true).map_err(listen_error)?;
         let addr = listener.local_addr().map_err(listen_error)?;
+        crate::source::warn_if_open(addr, config.users.is_empty(), path, "its users");
         let max_packet = usize::try_from(config.max_payload.as_u64()).unwrap_or(usize::MAX);
         // Clients gone for good are forgotten beyond this.
         let max_clients = config.max_connections.saturating_mul(2);
