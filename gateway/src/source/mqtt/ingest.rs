@@ -621,6 +621,7 @@ async fn serve(
         let mut publishes = std::mem::take(&mut held);
         let were_held = publishes.len();
         let unparsed = buf.len();
+        let grown = buf.capacity() > IDLE_BUFFER;
         while publishes.len() < shared.batch_max {
             match Packet::read(&mut buf, shared.max_packet) {
                 Ok(Packet::Publish(publish)) => {
@@ -714,14 +715,22 @@ async fn serve(
         if let Some(result) = closing {
             return result;
         }
-        // Between batches a connection keeps a small buffer, even when a
-        // packet's start is already in it.
-        if buf.capacity() > IDLE_BUFFER && buf.len() <= IDLE_BUFFER / 2 {
-            let mut small = BytesMut::with_capacity(IDLE_BUFFER);
-            small.extend_from_slice(&buf);
-            buf = small;
+        // Between batches a connection keeps only what it has of the next
+        // packet, in an allocation of its own: a view into the batch's
+        // would keep all of it alive (a read-ahead's megabyte, a large
+        // message) for as long as the device stays idle. A message with
+        // room reserved stays where it is.
+        if grown && reserved.is_none() {
+            buf = own_copy(&buf);
         }
     }
+}
+
+/// `bytes` in a buffer of their own, at least [`IDLE_BUFFER`] large.
+fn own_copy(bytes: &[u8]) -> BytesMut {
+    let mut own = BytesMut::with_capacity(bytes.len().max(IDLE_BUFFER));
+    own.extend_from_slice(bytes);
+    own
 }
 
 /// What a connection's buffer starts with.
