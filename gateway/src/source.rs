@@ -340,42 +340,6 @@ mod tests {
         Mapped { envelope, device_time_ms }
     }
 
-    /// What `warn_if_open` logs, by address and whether a credential is set.
-    #[test]
-    fn ports_open_to_anyone_beyond_loopback_are_warned_about() {
-        let logged = |addr: &str, open: bool| {
-            let lines = Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-            let sink = Arc::clone(&lines);
-            let subscriber = tracing_subscriber::fmt()
-                .with_ansi(false)
-                .with_writer(move || Writer(Arc::clone(&sink)))
-                .finish();
-            let addr = addr.parse().unwrap();
-            tracing::subscriber::with_default(subscriber, || {
-                warn_if_open(addr, open, "POST /ingest", "http.ingest_token_sha256");
-            });
-            String::from_utf8(lines.lock().unwrap().clone()).unwrap()
-        };
-        let warning = logged("0.0.0.0:9100", true);
-        assert!(warning.contains("WARN"), "{warning}");
-        assert!(warning.contains("set http.ingest_token_sha256"), "{warning}");
-        assert_eq!(logged("0.0.0.0:9100", false), "", "a credential is set");
-        assert_eq!(logged("127.0.0.1:9100", true), "", "loopback only");
-        assert_eq!(logged("[::1]:9100", true), "", "loopback only");
-    }
-
-    struct Writer(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Writer {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     #[test]
     fn clock_within_the_skew_is_kept_and_beyond_it_corrected() {
         assert_eq!(correct_clock(NOW - 4_000, NOW, 5_000), (NOW - 4_000, false));

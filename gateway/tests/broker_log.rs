@@ -1,8 +1,8 @@
-//! The embedded broker (rumqttd) logs an ERROR (`router-drop`,
-//! `Recv(Disconnected)`) whenever a device disconnects cleanly. The
-//! gateway's log lines leave that out, and keep the rest. A test binary of
-//! its own: it installs the process's global subscriber, which rumqttd's
-//! threads log to.
+//! What the gateway logs. The embedded broker (rumqttd) logs an ERROR
+//! (`router-drop`, `Recv(Disconnected)`) whenever a device disconnects
+//! cleanly: the gateway's log lines leave that out, and keep the rest. A
+//! test binary of its own: it installs the process's global subscriber,
+//! which rumqttd's threads log to. Ports open to anyone are warned about.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex};
@@ -142,4 +142,33 @@ async fn devices_leaving_are_not_logged_as_errors() {
     // The rest went through.
     assert_eq!(output.lines("embedded MQTT broker started").len(), 1);
     assert_eq!(output.lines("disconnected").len(), 1, "{:#?}", output.lines(""));
+}
+
+/// `warn_if_open` warns about a port bound beyond loopback with no
+/// credential, naming the key to set, and says nothing otherwise.
+#[test]
+fn ports_open_to_anyone_beyond_loopback_are_warned_about() {
+    let logged = |addr: &str, open: bool| {
+        let output = Output::default();
+        let sink = output.clone();
+        let subscriber =
+            tracing_subscriber::fmt().with_ansi(false).with_writer(move || sink.clone()).finish();
+        let addr = addr.parse().unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            opgraph_gateway::source::warn_if_open(
+                addr,
+                open,
+                "POST /ingest",
+                "http.ingest_token_sha256",
+            );
+        });
+        output.lines("")
+    };
+    let warning = logged("0.0.0.0:9100", true);
+    assert_eq!(warning.len(), 1, "{warning:?}");
+    assert!(warning[0].contains("WARN"), "{warning:?}");
+    assert!(warning[0].contains("set http.ingest_token_sha256"), "{warning:?}");
+    assert!(logged("0.0.0.0:9100", false).is_empty(), "a credential is set");
+    assert!(logged("127.0.0.1:9100", true).is_empty(), "loopback only");
+    assert!(logged("[::1]:9100", true).is_empty(), "loopback only");
 }
