@@ -27,6 +27,7 @@ pub struct SourceHealth {
     clock_skew: AtomicU64,
     throttled: AtomicU64,
     resent: AtomicU64,
+    retained_replayed: AtomicU64,
     /// An MQTT source stopped recognising what its broker sends again
     /// (see `mqtt/redelivery.rs`): copies may be stored twice meanwhile.
     resend_check_given_up: AtomicBool,
@@ -53,6 +54,7 @@ impl SourceHealth {
             clock_skew: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
             resent: AtomicU64::new(0),
+            retained_replayed: AtomicU64::new(0),
             resend_check_given_up: AtomicBool::new(false),
             rejected: Mutex::new(BTreeMap::new()),
             connections: AtomicU64::new(0),
@@ -107,6 +109,12 @@ impl SourceHealth {
     /// (acknowledged, not stored twice).
     pub fn resent(&self, n: u64) {
         self.resent.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` retained messages a resumed session had brought already
+    /// (acknowledged, not stored again; `mqtt::Retained`).
+    pub fn retained_replayed(&self, n: u64) {
+        self.retained_replayed.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The source stopped (`true`) or resumed recognising resends.
@@ -180,6 +188,7 @@ impl SourceHealth {
             "clock_skew_total": self.clock_skew.load(Ordering::Relaxed),
             "throttled_total": self.throttled.load(Ordering::Relaxed),
             "resent_total": self.resent.load(Ordering::Relaxed),
+            "retained_replayed_total": self.retained_replayed.load(Ordering::Relaxed),
             "resend_check_given_up": self.resend_check_given_up(),
             "connections": self.connections.load(Ordering::Relaxed),
             "connections_refused_total": self.connections_refused.load(Ordering::Relaxed),
@@ -272,7 +281,7 @@ impl Collector for SourceCollector {
                 ConstGauge::new(read(s)).encode(family.encode_family(&labels(s))?)?;
             }
         }
-        let counters: [Metric<u64>; 7] = [
+        let counters: [Metric<u64>; 8] = [
             ("source_received", "Messages received", |s| s.received.load(Ordering::Relaxed)),
             ("source_accepted", "Events appended durably", |s| s.accepted.load(Ordering::Relaxed)),
             ("source_dropped", "Mapped events the buffer refused for good", |s| {
@@ -286,6 +295,9 @@ impl Collector for SourceCollector {
             }),
             ("source_resent", "Messages sent again by the broker after they were stored", |s| {
                 s.resent.load(Ordering::Relaxed)
+            }),
+            ("source_retained_replayed", "Retained messages a resumed session had brought", |s| {
+                s.retained_replayed.load(Ordering::Relaxed)
             }),
             ("source_connections_refused", "Device connections closed at once: no place", |s| {
                 s.connections_refused.load(Ordering::Relaxed)

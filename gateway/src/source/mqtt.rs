@@ -126,6 +126,9 @@ pub struct MqttSourceConfig {
     /// again.
     /// Default `true`; `false` skips the check (and those reconnects).
     pub recognise_resends: bool,
+    /// What to do with the broker's retained messages (see [`Retained`]).
+    /// Default `"new_session"`.
+    pub retained: Retained,
     /// A device time further than this from the receive time is replaced by
     /// the receive time (kept in `context.deviceTimestamp`) and counted in
     /// `clock_skew`. Default `30s`.
@@ -164,6 +167,7 @@ impl Default for MqttSourceConfig {
             max_payload: ByteSize::mib(1),
             batch_max: 256,
             recognise_resends: true,
+            retained: Retained::NewSession,
             max_clock_skew: Duration::from_secs(30),
             ca_file: None,
             client_cert_file: None,
@@ -183,6 +187,41 @@ pub enum MqttProtocol {
     V311,
     #[serde(rename = "5")]
     V5,
+}
+
+/// What a source does with a message the broker flags retained. A broker
+/// keeps each topic's retained message and sends it, flagged, on every
+/// SUBSCRIBE that matches (MQTT 3.1.1 3.3.1.3, 5 3.3.1.3): a topic's last
+/// value, sent because the gateway subscribed, not because a device
+/// published it now. The gateway subscribes on every connection, so
+/// without a rule each reconnect and restart would store every retained
+/// value again. Messages forwarded live come unflagged, retained or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Retained {
+    /// Stored on a connection that starts a new session, where the gateway
+    /// may never have had them; on a resumed session (the broker says the
+    /// session is present) acknowledged and not stored: that session
+    /// brought each of them already, live or queued while the gateway was
+    /// away.
+    #[default]
+    NewSession,
+    /// Stored every time (each connection stores them again).
+    Always,
+    /// Never stored: only what devices publish while subscribed counts.
+    Never,
+}
+
+impl Retained {
+    /// Whether a retained message on a connection whose session is
+    /// `session_present` is acknowledged without being stored.
+    pub fn skips(self, session_present: bool) -> bool {
+        match self {
+            Retained::NewSession => session_present,
+            Retained::Always => false,
+            Retained::Never => true,
+        }
+    }
 }
 
 /// Most unacknowledged messages an MQTT 5 broker may send at once.
@@ -301,6 +340,7 @@ pub struct MqttSource {
     /// Whether to recognise messages sent again (`recognise_resends`, QoS
     /// 1, a persistent session, an external broker).
     recognise_resends: bool,
+    retained: Retained,
 }
 
 impl MqttSource {
@@ -408,6 +448,7 @@ impl MqttSource {
                 (Redelivery::path(&state.dir, &config.name), state.fsync != FsyncPolicy::Never)
             }),
             recognise_resends,
+            retained: config.retained,
         })
     }
 }
@@ -467,6 +508,8 @@ impl Source for MqttSource {
             stop: stop_polling.clone(),
             redelivery: Arc::clone(&redelivery),
             connections: 0,
+            retained: this.retained,
+            session_present: false,
         };
         let (client, mut poller) = session::start(this.options.clone(), REQUEST_CAPACITY, poller);
         let mut backoff = this.backoff.clone();
@@ -489,11 +532,19 @@ impl Source for MqttSource {
                 let acknowledge = if this.recognise_resends {
                     handle_resends(&this, &intake, &redelivery, run, &mut backoff, &shutdown).await
                 } else {
-                    let messages = run.iter().map(|m| (m.topic.as_str(), &m.payload[..]));
+                    let messages = run
+                        .iter()
+                        .filter(|m| !m.replay)
+                        .map(|m| (m.topic.as_str(), &m.payload[..]));
                     process(&this.rules, &intake, messages, &mut backoff, &shutdown).await
                 };
                 if !acknowledge {
                     break 'receive;
+                }
+                let replays = run.iter().filter(|m| m.replay).count() as u64;
+                if replays > 0 {
+                    intake.health().retained_replayed(replays);
+                    tracing::info!(source = %this.name, n = replays, "retained messages the resumed session had brought already: acknowledged, not stored again");
                 }
                 for message in run {
                     if !client.ack(&message.ack).await {
@@ -564,8 +615,8 @@ async fn handle_resends(
     let fingerprints: Vec<Fingerprint> =
         run.iter().map(|m| Fingerprint::of(&m.topic, &m.payload)).collect();
     let resent = redelivery.resent(connection, fingerprints.iter().copied());
-    let n_resent = resent.iter().filter(|r| **r).count();
-    let fresh: Vec<usize> = (0..run.len()).filter(|i| !resent[*i]).collect();
+    let n_resent = (0..run.len()).filter(|i| resent[*i] && !run[*i].replay).count();
+    let fresh: Vec<usize> = (0..run.len()).filter(|i| !resent[*i] && !run[*i].replay).collect();
     let messages = fresh.iter().map(|i| (run[*i].topic.as_str(), &run[*i].payload[..]));
     let records = prepare(&source.rules, intake, messages);
     if !records.is_empty() {

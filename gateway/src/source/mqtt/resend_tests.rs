@@ -133,15 +133,27 @@ impl Buffer for HeldBuffer {
 
 /// Publishes `n` reads with QoS 1 and returns once the broker has them all.
 async fn publish(addr: SocketAddr, n: u64, test: &'static str) {
+    publish_seqs(addr, 0..n, test, false).await;
+}
+
+/// Publishes the reads `seqs` with QoS 1, retained or not, to one topic;
+/// returns once the broker has them all.
+async fn publish_seqs(
+    addr: SocketAddr,
+    seqs: std::ops::Range<u64>,
+    test: &'static str,
+    retain: bool,
+) {
+    let n = seqs.end - seqs.start;
     let mut options =
         MqttOptions::new(format!("device-{test}"), addr.ip().to_string(), addr.port());
     options.set_keep_alive(Duration::from_secs(5));
     let (client, mut eventloop) = AsyncClient::new(options, 256);
     let publisher = tokio::spawn(async move {
-        for seq in 0..n {
+        for seq in seqs {
             let payload = format!("{{\"seq\": {seq}}}");
             client
-                .publish(format!("{test}/r1/tags"), QoS::AtLeastOnce, false, payload)
+                .publish(format!("{test}/r1/tags"), QoS::AtLeastOnce, retain, payload)
                 .await
                 .unwrap();
         }
@@ -581,4 +593,76 @@ async fn connections_cut_before_the_broker_read_the_barrier_are_not_given_up_on(
     assert_eq!(closed, CUTS);
     assert!(health["resent_total"].as_u64().unwrap() > 0, "{health}");
     assert_eq!(health["resend_check_given_up"], false, "{health}");
+}
+
+#[tokio::test]
+async fn retained_values_are_stored_once_across_sessions() {
+    retained_across_sessions(MqttProtocol::V311, true, "retained").await;
+}
+
+#[tokio::test]
+async fn retained_values_are_stored_once_across_sessions_over_mqtt5() {
+    // And without the resend check, whose path skips them too.
+    retained_across_sessions(MqttProtocol::V5, false, "retained5").await;
+}
+
+/// Mosquitto sends a topic's retained message, flagged, on every SUBSCRIBE,
+/// and the source subscribes on every connection: on a resumed session
+/// that is a value the session brought already (stored once); on a new
+/// session it may be news (stored). `retained` changes both.
+async fn retained_across_sessions(protocol: MqttProtocol, resends: bool, test: &'static str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let mut config = config(&format!("mqtt://{addr}"), test);
+    config.protocol = protocol;
+    config.recognise_resends = resends;
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let here = tokio::runtime::Handle::current();
+    let run = |config: MqttSourceConfig| {
+        let (dir, buffer, here) = (dir.path().to_owned(), Arc::clone(&buffer), here.clone());
+        async move { start(&config, &dir, buffer, &here).await }
+    };
+    let stop = |(task, health, shutdown): (
+        tokio::task::JoinHandle<Result<()>>,
+        Arc<SourceHealth>,
+        CancellationToken,
+    )| async move {
+        shutdown.cancel();
+        tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+        health.to_json()
+    };
+
+    // Read 0 is retained before the source's first session: news to it.
+    // Read 1, retained too, is published while it is subscribed (and
+    // forwarded unflagged); it replaces 0 as the topic's retained value.
+    publish_seqs(addr, 0..1, test, true).await;
+    let first = run(config.clone()).await;
+    publish_seqs(addr, 1..2, test, true).await;
+    assert_eq!(stored(&buffer, 2).await, BTreeMap::from([(0, 1), (1, 1)]));
+    let health = stop(first).await;
+    assert_eq!(health["retained_replayed_total"], 0, "{health}");
+
+    // The session resumes: read 1 comes again, flagged, before read 2.
+    let second = run(config.clone()).await;
+    publish_seqs(addr, 2..3, test, false).await;
+    assert_eq!(stored(&buffer, 3).await, BTreeMap::from([(0, 1), (1, 1), (2, 1)]));
+    let health = stop(second).await;
+    assert_eq!(health["retained_replayed_total"], 1, "{health}");
+    assert_eq!(health["accepted_total"], 1, "{health}");
+
+    // `always` stores it on every connection.
+    config.retained = Retained::Always;
+    let third = run(config.clone()).await;
+    publish_seqs(addr, 3..4, test, false).await;
+    assert_eq!(stored(&buffer, 4).await, BTreeMap::from([(0, 1), (1, 2), (2, 1), (3, 1)]));
+    assert_eq!(stop(third).await["retained_replayed_total"], 0);
+
+    // `never` stores it not even on a new session (another client id).
+    config.retained = Retained::Never;
+    config.client_id = format!("{}-new", config.client_id);
+    let fourth = run(config.clone()).await;
+    publish_seqs(addr, 4..5, test, false).await;
+    let counts = stored(&buffer, 5).await;
+    assert_eq!(counts, BTreeMap::from([(0, 1), (1, 2), (2, 1), (3, 1), (4, 1)]));
+    assert_eq!(stop(fourth).await["retained_replayed_total"], 1);
 }

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::Retained;
 use super::redelivery::Redelivery;
 use crate::backoff::Backoff;
 use crate::source::SourceHealth;
@@ -57,6 +58,9 @@ pub struct Message {
     pub pkid: u16,
     /// Which connection brought it, counted from 1.
     pub connection: u64,
+    /// A retained message that the source's [`Retained`] rule says not
+    /// to store here: acknowledged in its turn, nothing else.
+    pub replay: bool,
     pub ack: Ack,
 }
 
@@ -105,6 +109,9 @@ pub struct Poller {
     pub redelivery: Arc<Redelivery>,
     /// Connections so far.
     pub connections: u64,
+    pub retained: Retained,
+    /// Whether the broker resumed the session on the current connection.
+    pub session_present: bool,
 }
 
 /// Starts the client and its poller.
@@ -131,6 +138,7 @@ impl Poller {
     fn connected(&mut self, session_present: bool) {
         tracing::info!(source = %self.health.name, session_present, "connected to the MQTT broker");
         self.connections += 1;
+        self.session_present = session_present;
         self.redelivery.connected(self.connections, session_present);
         self.backoff.reset();
         if self.filters.is_empty() {
@@ -172,6 +180,7 @@ impl Poller {
                     payload: publish.payload.clone(),
                     pkid: publish.pkid,
                     connection: self.connections,
+                    replay: publish.retain && self.retained.skips(self.session_present),
                     ack: Ack::V4(publish),
                 };
                 self.deliver(message).await;
@@ -212,6 +221,7 @@ impl Poller {
                     payload: publish.payload.clone(),
                     pkid: publish.pkid,
                     connection: self.connections,
+                    replay: publish.retain && self.retained.skips(self.session_present),
                     ack: Ack::V5(publish),
                 };
                 self.deliver(message).await;
