@@ -19,6 +19,7 @@ pub mod broker;
 pub mod ingest;
 mod redelivery;
 mod session;
+mod subscriptions;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -105,7 +106,9 @@ pub struct MqttSourceConfig {
     /// QoS of the subscriptions: 1 (default, at least once) or 0 (at most
     /// once: nothing is acknowledged, a crash loses messages).
     pub qos: u8,
-    /// Topic filters to subscribe to. Default: the rules' filters.
+    /// Topic filters to subscribe to. Default: the rules' filters. On a
+    /// persistent session, one removed is unsubscribed from on the next
+    /// connection (`mqtt/subscriptions.rs`).
     pub subscriptions: Vec<String>,
     /// Keep-alive ping interval. Default `30s`.
     #[serde(with = "humantime_serde")]
@@ -213,11 +216,12 @@ pub enum Retained {
 }
 
 impl Retained {
-    /// Whether a retained message on a connection whose session is
-    /// `session_present` is acknowledged without being stored.
-    pub fn skips(self, session_present: bool) -> bool {
+    /// Whether a retained message is acknowledged without being stored;
+    /// `resumed`: it matches a filter that the session the connection
+    /// resumed held already.
+    pub fn skips(self, resumed: bool) -> bool {
         match self {
-            Retained::NewSession => session_present,
+            Retained::NewSession => resumed,
             Retained::Always => false,
             Retained::Never => true,
         }
@@ -341,6 +345,10 @@ pub struct MqttSource {
     /// 1, a persistent session, an external broker).
     recognise_resends: bool,
     retained: Retained,
+    /// Where the session's filters are kept across runs (an external
+    /// broker's persistent session), and the session's name there.
+    subscriptions_file: Option<PathBuf>,
+    session: String,
 }
 
 impl MqttSource {
@@ -366,6 +374,7 @@ impl MqttSource {
         } else {
             config.client_id.clone()
         };
+        let session = format!("{} {client_id}", config.broker);
         let mut login = config
             .username
             .clone()
@@ -449,6 +458,10 @@ impl MqttSource {
             }),
             recognise_resends,
             retained: config.retained,
+            subscriptions_file: state
+                .filter(|_| external && !config.clean_session)
+                .map(|state| subscriptions::Subscriptions::path(&state.dir, &config.name)),
+            session,
         })
     }
 }
@@ -509,7 +522,11 @@ impl Source for MqttSource {
             redelivery: Arc::clone(&redelivery),
             connections: 0,
             retained: this.retained,
-            session_present: false,
+            subscriptions: subscriptions::Subscriptions::open(
+                this.subscriptions_file.clone(),
+                this.session.clone(),
+                &this.name,
+            ),
         };
         let (client, mut poller) = session::start(this.options.clone(), REQUEST_CAPACITY, poller);
         let mut backoff = this.backoff.clone();

@@ -459,8 +459,10 @@ impl Redelivery {
     }
 
     /// The poller saw the barrier written, with this packet id, on the
-    /// current connection (rumqttc writes requests in the order queued,
-    /// and only our barriers unsubscribe).
+    /// current connection (rumqttc writes requests in the order queued;
+    /// the only other UNSUBSCRIBEs, of filters no longer configured, are
+    /// queued at CONNACK before any barrier of the connection can be, and
+    /// one queued before them is written before them).
     pub fn barrier_written(&self, pkid: u16) {
         let mut state = self.lock();
         let connection = state.connection;

@@ -144,6 +144,17 @@ async fn publish_seqs(
     test: &'static str,
     retain: bool,
 ) {
+    publish_on(addr, format!("{test}/r1/tags"), seqs, test, retain).await;
+}
+
+/// [`publish_seqs`] on `topic`.
+async fn publish_on(
+    addr: SocketAddr,
+    topic: String,
+    seqs: std::ops::Range<u64>,
+    test: &'static str,
+    retain: bool,
+) {
     let n = seqs.end - seqs.start;
     let mut options =
         MqttOptions::new(format!("device-{test}"), addr.ip().to_string(), addr.port());
@@ -152,10 +163,7 @@ async fn publish_seqs(
     let publisher = tokio::spawn(async move {
         for seq in seqs {
             let payload = format!("{{\"seq\": {seq}}}");
-            client
-                .publish(format!("{test}/r1/tags"), QoS::AtLeastOnce, retain, payload)
-                .await
-                .unwrap();
+            client.publish(topic.clone(), QoS::AtLeastOnce, retain, payload).await.unwrap();
         }
     });
     let mut acked = 0;
@@ -665,4 +673,64 @@ async fn retained_across_sessions(protocol: MqttProtocol, resends: bool, test: &
     let counts = stored(&buffer, 5).await;
     assert_eq!(counts, BTreeMap::from([(0, 1), (1, 2), (2, 1), (3, 1), (4, 1)]));
     assert_eq!(stop(fourth).await["retained_replayed_total"], 1);
+}
+
+/// A broker keeps a session's subscriptions: a rule removed from the
+/// configuration would go on bringing its messages on every resumed
+/// session (each rejected as `no_rule`). The source unsubscribes what it no
+/// longer wants; and a filter added later is new to the session, so the
+/// retained value it matches is stored.
+#[tokio::test]
+async fn the_session_follows_the_configured_filters() {
+    const TEST: &str = "filters";
+    let dir = tempfile::tempdir().unwrap();
+    let (_mosquitto, addr) = mosquitto(dir.path()).await;
+    let tags = config(&format!("mqtt://{addr}"), TEST);
+    let mut both = tags.clone();
+    let temps: RuleConfig = toml::from_str(&format!(
+        "topic = \"{TEST}/{{r}}/temps\"\nevent = \"sensor.temperature\"\n\
+         actor = {{ type = \"sensor\", id = \"{{r}}\" }}\nproperties = {{ seq = \"{{/seq}}\" }}"
+    ))
+    .unwrap();
+    both.rules.push(temps);
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let here = tokio::runtime::Handle::current();
+    let run = |config: &MqttSourceConfig| {
+        let (config, dir, buffer) = (config.clone(), dir.path().to_owned(), Arc::clone(&buffer));
+        let here = here.clone();
+        async move {
+            let (task, health, shutdown) = start(&config, &dir, buffer, &here).await;
+            (task, health, shutdown)
+        }
+    };
+    let temps_topic = || format!("{TEST}/r1/temps");
+
+    let (task, _, shutdown) = run(&both).await;
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+
+    // The temperature rule removed: its reading comes first and must not
+    // come at all.
+    let (task, health, shutdown) = run(&tags).await;
+    publish_on(addr, temps_topic(), 100..101, TEST, false).await;
+    publish_seqs(addr, 0..1, TEST, false).await;
+    assert_eq!(stored(&buffer, 1).await, BTreeMap::from([(0, 1)]));
+    let json = health.to_json();
+    assert_eq!(
+        (json["received_total"].as_u64(), json["rejected_total"].as_u64()),
+        (Some(1), Some(0)),
+        "{json}"
+    );
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
+
+    // Retained while the session did not hold the filter: news once the
+    // rule is back.
+    publish_on(addr, temps_topic(), 200..201, TEST, true).await;
+    let (task, health, shutdown) = run(&both).await;
+    publish_seqs(addr, 1..2, TEST, false).await;
+    assert_eq!(stored(&buffer, 3).await, BTreeMap::from([(0, 1), (1, 1), (200, 1)]));
+    assert_eq!(health.to_json()["retained_replayed_total"], 0);
+    shutdown.cancel();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap().unwrap();
 }

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Retained;
 use super::redelivery::Redelivery;
+use super::subscriptions::Subscriptions;
 use crate::backoff::Backoff;
 use crate::source::SourceHealth;
 
@@ -110,8 +111,8 @@ pub struct Poller {
     /// Connections so far.
     pub connections: u64,
     pub retained: Retained,
-    /// Whether the broker resumed the session on the current connection.
-    pub session_present: bool,
+    /// What the session holds at the broker.
+    pub subscriptions: Subscriptions,
 }
 
 /// Starts the client and its poller.
@@ -138,7 +139,6 @@ impl Poller {
     fn connected(&mut self, session_present: bool) {
         tracing::info!(source = %self.health.name, session_present, "connected to the MQTT broker");
         self.connections += 1;
-        self.session_present = session_present;
         self.redelivery.connected(self.connections, session_present);
         self.backoff.reset();
         if self.filters.is_empty() {
@@ -146,11 +146,27 @@ impl Poller {
         }
     }
 
-    fn subscribed(&self, refused: usize) {
+    fn subscribed(&mut self, refused: usize) {
         if refused > 0 {
             tracing::error!(source = %self.health.name, refused, "the broker refused subscriptions");
         }
+        self.subscriptions.subscribed(&self.filters);
         self.health.set_connected(true);
+    }
+
+    /// A filter the session holds and the configuration no longer names.
+    fn unsubscribe(&self, queued: bool, filter: &str) {
+        if queued {
+            tracing::info!(source = %self.health.name, filter, "unsubscribing from a filter no longer configured");
+        } else {
+            tracing::warn!(source = %self.health.name, filter, "cannot queue the unsubscription of a filter no longer configured");
+        }
+    }
+
+    /// Whether a message on `topic` is a retained one not to store (see
+    /// [`Retained`]).
+    fn replayed(&self, retain: bool, topic: &str) -> bool {
+        retain && self.retained.skips(self.subscriptions.resumed_match(topic))
     }
 
     /// Handles one event of the 3.1.1 client; `false` once it stops.
@@ -163,6 +179,11 @@ impl Poller {
         use rumqttc::{Event, Packet, SubscribeReasonCode};
         match event {
             Event::Incoming(Packet::ConnAck(ack)) => {
+                // Before the connection counts as up: no barrier is queued
+                // ahead of these.
+                for filter in self.subscriptions.connected(ack.session_present, &self.filters) {
+                    self.unsubscribe(client.try_unsubscribe(filter.clone()).is_ok(), &filter);
+                }
                 self.connected(ack.session_present);
                 if !filters.is_empty() && client.try_subscribe_many(filters.to_vec()).is_err() {
                     tracing::warn!(source = %self.health.name, "cannot queue the subscription");
@@ -180,7 +201,7 @@ impl Poller {
                     payload: publish.payload.clone(),
                     pkid: publish.pkid,
                     connection: self.connections,
-                    replay: publish.retain && self.retained.skips(self.session_present),
+                    replay: self.replayed(publish.retain, &publish.topic),
                     ack: Ack::V4(publish),
                 };
                 self.deliver(message).await;
@@ -204,6 +225,9 @@ impl Poller {
         use v5::mqttbytes::v5::{Packet, SubscribeReasonCode};
         match event {
             Event::Incoming(Packet::ConnAck(ack)) => {
+                for filter in self.subscriptions.connected(ack.session_present, &self.filters) {
+                    self.unsubscribe(client.try_unsubscribe(filter.clone()).is_ok(), &filter);
+                }
                 self.connected(ack.session_present);
                 if !filters.is_empty() && client.try_subscribe_many(filters.to_vec()).is_err() {
                     tracing::warn!(source = %self.health.name, "cannot queue the subscription");
@@ -216,12 +240,13 @@ impl Poller {
                     .count(),
             ),
             Event::Incoming(Packet::Publish(publish)) => {
+                let topic = String::from_utf8_lossy(&publish.topic).into_owned();
                 let message = Message {
-                    topic: String::from_utf8_lossy(&publish.topic).into_owned(),
+                    replay: self.replayed(publish.retain, &topic),
+                    topic,
                     payload: publish.payload.clone(),
                     pkid: publish.pkid,
                     connection: self.connections,
-                    replay: publish.retain && self.retained.skips(self.session_present),
                     ack: Ack::V5(publish),
                 };
                 self.deliver(message).await;
