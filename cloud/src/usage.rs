@@ -234,32 +234,8 @@ pub fn quota_exceeded() -> Error {
 /// Start of the calendar month (UTC) containing `ms`.
 pub fn month_start_ms(ms: i64) -> i64 {
     let days = ms.div_euclid(86_400_000);
-    let (year, month, _) = civil_from_days(days);
-    days_from_civil(year, month, 1) * 86_400_000
-}
-
-// Howard Hinnant's civil calendar algorithms: exact for the proleptic
-// Gregorian calendar, no date crate needed for one computation.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let (year, month, _) = opgraph_proto::datetime::civil_from_days(days);
+    opgraph_proto::datetime::days_from_civil(year, month, 1) * 86_400_000
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@
 //!   buffer holds them, for the uplinks to send without decoding them.
 //! - [`frame`]: the QUIC uplink's framing of those messages (kind, length,
 //!   zstd-compressed batches), bounded against hostile peers.
+//! - [`datetime`]: RFC 3339 date-times and calendar days, for device and
+//!   provider times.
 //! - [`error`]: [`ValidationError`], the validation error ([`frame`] has its
 //!   own `FrameError`).
 //!
@@ -28,6 +30,7 @@
 //! to [`ids::new_id_at`].
 
 pub mod convert;
+pub mod datetime;
 pub mod dir_lock;
 pub mod encoded_batch;
 pub mod envelope;

@@ -523,15 +523,9 @@ fn device_time(value: &Value, unit: TimeUnit) -> Result<i64, Reject> {
                 .or_else(|| n.as_f64().and_then(|f| unit.to_ms(f)))
                 .ok_or_else(|| Reject::BadTimestamp(format!("{n} is not a time")))
         }
-        Value::String(s) => {
-            let t = humantime::parse_rfc3339_weak(s)
-                .map_err(|e| Reject::BadTimestamp(format!("{s:?}: {e}")))?;
-            let ms = match t.duration_since(std::time::UNIX_EPOCH) {
-                Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-                Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-            };
-            Ok(ms)
-        }
+        // With its UTC offset, whatever it is: devices often keep local time.
+        Value::String(s) => opgraph_proto::datetime::parse_datetime_ms(s)
+            .ok_or_else(|| Reject::BadTimestamp(format!("{s:?} is not an RFC 3339 date-time"))),
         other => Err(Reject::BadTimestamp(format!("{other} is neither ms nor RFC 3339"))),
     }
 }

@@ -123,6 +123,11 @@ fn timestamps_as_ms_or_rfc3339() {
     assert_eq!(at(json!({"at": 1_795_000_000_000.7})), Ok(Some(1_795_000_000_000)));
     assert_eq!(at(json!({"at": "2026-11-23T06:00:00Z"})), Ok(Some(1_795_413_600_000)));
     assert_eq!(at(json!({"at": "2026-11-23T06:00:00.250Z"})), Ok(Some(1_795_413_600_250)));
+    // A device on local time: the offset counts, with or without a fraction.
+    assert_eq!(at(json!({"at": "2026-11-23T07:00:00+01:00"})), Ok(Some(1_795_413_600_000)));
+    assert_eq!(at(json!({"at": "2026-11-23T11:30:00.5+05:30"})), Ok(Some(1_795_413_600_500)));
+    assert_eq!(at(json!({"at": "2026-11-23T01:00:00-05:00"})), Ok(Some(1_795_413_600_000)));
+    assert_eq!(at(json!({"at": "2026-02-30T06:00:00Z"})).unwrap_err().reason(), "bad_timestamp");
     assert_eq!(at(json!({"at": 1e300})).unwrap_err().reason(), "bad_timestamp");
     assert_eq!(at(json!({"at": -1})), Ok(Some(-1)), "the envelope's validation judges the range");
 

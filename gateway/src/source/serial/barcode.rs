@@ -206,9 +206,16 @@ pub fn check_digit(body: &str) -> Option<u32> {
     Some((10 - sum % 10) % 10)
 }
 
+/// A real date, or day 00 (the month's last day); the year as
+/// [`iso_date`] reads it.
 fn date_ok(yymmdd: &str) -> bool {
-    let n = |r: std::ops::Range<usize>| yymmdd.get(r).and_then(|s| s.parse::<u32>().ok());
-    matches!((n(2..4), n(4..6)), (Some(1..=12), Some(0..=31)))
+    let n = |r: std::ops::Range<usize>| yymmdd.get(r).and_then(|s| s.parse::<i64>().ok());
+    match (n(0..2), n(2..4), n(4..6)) {
+        (Some(yy), Some(month @ 1..=12), Some(day)) => {
+            (0..=opgraph_proto::datetime::days_in_month(2000 + yy, month)).contains(&day)
+        }
+        _ => false,
+    }
 }
 
 /// `YYMMDD` as `20YY-MM-DD` (GS1's century rule simplified to 2000-2099;
@@ -316,6 +323,10 @@ mod tests {
         assert_eq!(parse("]C199123").unwrap_err().reason(), "bad_gs1");
         assert_eq!(parse("]C1010950600013").unwrap_err(), ScanError::BadLength("01".into()));
         assert_eq!(parse("]C117261331").unwrap_err(), ScanError::BadDate("17".into()));
+        assert_eq!(parse("]C117260231").unwrap_err(), ScanError::BadDate("17".into()));
+        assert_eq!(parse("]C117250229").unwrap_err(), ScanError::BadDate("17".into()));
+        assert!(parse("]C117280229").is_ok(), "a leap day");
+        assert!(parse("]C117260200").is_ok(), "day 00: the month's last");
         assert_eq!(parse("]C1").unwrap_err(), ScanError::Empty);
         assert_eq!(parse("ab\u{7}cd").unwrap_err(), ScanError::NotText);
         assert!(parse("]C110").is_err(), "an empty variable field");
@@ -339,7 +350,7 @@ mod tests {
         #[test]
         fn generated_element_strings_roundtrip(
             gtin in "[0-9]{13}", batch in "[A-Z0-9]{1,20}", serial in "[A-Za-z0-9-]{1,20}",
-            yy in 0u32..100, mm in 1u32..13, dd in 0u32..32,
+            yy in 0u32..100, mm in 1u32..13, dd in 0u32..29,
         ) {
             let gtin = with_check(&gtin);
             let date = format!("{yy:02}{mm:02}{dd:02}");
