@@ -127,7 +127,19 @@ fn edge_values() -> Vec<Value> {
 /// sample, then each property of it (and of its objects, three deep) set
 /// to each of [`edge_values`].
 fn edge_bodies(doc: &Value, schema: &Value) -> Vec<Value> {
-    let base = sample(doc, schema, 0);
+    let mut base = sample(doc, schema, 0);
+    // Optional choices made too (each enum property's first value): an
+    // edge then meets the options that change a handler's path, as a
+    // metric's `interval` makes it walk buckets up to `to`.
+    let resolved = resolve(doc, schema);
+    if let (Some(object), Some(props)) = (base.as_object_mut(), resolved["properties"].as_object())
+    {
+        for (name, property) in props {
+            if let Some(first) = resolve(doc, property)["enum"].get(0) {
+                object.entry(name.clone()).or_insert_with(|| first.clone());
+            }
+        }
+    }
     let mut bodies = vec![base.clone()];
     let mut paths = Vec::new();
     properties(doc, schema, &mut Vec::new(), &mut paths);

@@ -237,7 +237,10 @@ fn fill_buckets(
     while bucket < range.to {
         let (count, revenue) = found.get(&bucket).copied().unwrap_or((0, 0.0));
         out.push(BucketCount { bucket, count, revenue });
-        bucket += bucket_ms;
+        // `range_of` keeps `to` far below i64::MAX; checked all the same,
+        // since a wrapped bucket would loop until memory ran out.
+        let Some(next) = bucket.checked_add(bucket_ms) else { break };
+        bucket = next;
     }
     out
 }

@@ -27,6 +27,10 @@ const DEFAULT_LIMIT: u64 = 100;
 pub const MAX_LIMIT: u64 = 1000;
 /// Ranges longer than this are refused (about ten years).
 const MAX_SPAN_MS: i64 = 3660 * DAY_MS;
+/// Latest time a range may name: the end of the year 9999. Far past any
+/// event, and far enough from `i64::MAX` that a bucket past the range's
+/// end cannot overflow.
+pub const MAX_TIME_MS: i64 = 253_402_300_800_000;
 /// Range of queries given no `from`.
 pub const DEFAULT_RANGE_MS: i64 = 30 * DAY_MS;
 const DEFAULT_FUNNEL_WINDOW_MS: i64 = 7 * DAY_MS;
@@ -55,6 +59,9 @@ pub fn range_of(
     let name = |f: &str| if field.is_empty() { f.to_owned() } else { format!("{field}.{f}") };
     if from < 0 || to < 0 {
         return Err(Error::validation(name("from"), "times are ms since the epoch, not negative"));
+    }
+    if to > MAX_TIME_MS {
+        return Err(Error::validation(name("to"), "times are ms since the epoch, up to the year 9999"));
     }
     if from > to {
         return Err(Error::validation(name("from"), "`from` must not be after `to`"));
@@ -553,6 +560,9 @@ mod tests {
             "current.from"
         );
         assert!(range_of(Some(0), Some(MAX_SPAN_MS + 1), 5, "").is_err());
+        // A `to` near i64::MAX would overflow the buckets after it.
+        assert_eq!(field(range_of(None, Some(i64::MAX), 5, "").unwrap_err()).unwrap(), "to");
+        assert!(range_of(None, Some(MAX_TIME_MS), 5, "").is_ok());
     }
 
     #[test]
