@@ -128,6 +128,15 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
     }
 }
 
+/// The body as a JSON object; anything else is a 400 about the whole
+/// body (no `field`: there is no path to name).
+pub fn object_body(body: &Value) -> Result<&serde_json::Map<String, Value>> {
+    body.as_object().ok_or_else(|| Error::Validation {
+        field: None,
+        message: "the body must be a JSON object".to_owned(),
+    })
+}
+
 /// Reads an optional string field of a JSON object body.
 pub fn optional_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>> {
     match body.get(field) {

@@ -62,10 +62,11 @@ pub fn period_diff(current: &Totals, previous: &Totals, limit: usize) -> PeriodD
                 .then(|| round2((cur as f64 - prev as f64) * 100.0 / prev as f64)),
         })
         .collect();
+    // By name (`counts` is ordered), at most `limit` each, as every list.
     let new_event_types =
-        diffs.iter().filter(|d| d.previous == 0).map(|d| d.event.clone()).collect();
+        diffs.iter().filter(|d| d.previous == 0).map(|d| d.event.clone()).take(limit).collect();
     let disappeared_event_types =
-        diffs.iter().filter(|d| d.current == 0).map(|d| d.event.clone()).collect();
+        diffs.iter().filter(|d| d.current == 0).map(|d| d.event.clone()).take(limit).collect();
     diffs.retain(|d| d.delta != 0);
     diffs.sort_by(|a, b| {
         b.delta.unsigned_abs().cmp(&a.delta.unsigned_abs()).then(a.event.cmp(&b.event))
@@ -380,6 +381,16 @@ mod tests {
         assert_eq!(d.event_diffs[0].pct_change, Some(100.0));
         assert_eq!(d.event_diffs[1].pct_change, None);
         assert_eq!(d.event_diffs[2].delta, -2);
+
+        // Every list holds at most `limit`.
+        let now = totals(&[("n1", 1, 0.0), ("n2", 1, 0.0), ("n3", 1, 0.0)]);
+        let before = totals(&[("g1", 1, 0.0), ("g2", 1, 0.0), ("g3", 1, 0.0)]);
+        let d = period_diff(&now, &before, 2);
+        assert_eq!(
+            (d.new_event_types, d.disappeared_event_types),
+            (vec!["n1".to_owned(), "n2".to_owned()], vec!["g1".to_owned(), "g2".to_owned()])
+        );
+        assert_eq!(d.event_diffs.len(), 2);
     }
 
     fn point(event: &str, bucket: i64, count: u64) -> SeriesPoint {

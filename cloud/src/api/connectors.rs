@@ -84,8 +84,7 @@ pub async fn ingest(
     JsonBody(body): JsonBody,
 ) -> Result<Json<ConnectorIngestResponse>> {
     principal.require(Scope::Ingest)?;
-    let object =
-        body.as_object().ok_or_else(|| Error::validation("", "the body must be a JSON object"))?;
+    let object = super::object_body(&body)?;
     if let Some(key) =
         object.keys().find(|k| !["provider", "records", "businessId"].contains(&k.as_str()))
     {

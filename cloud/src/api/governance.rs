@@ -35,13 +35,17 @@ type ErrorBody = crate::error::ErrorBody;
 
 /// Deserializes a body into `T`, naming the JSON path of the first problem.
 pub fn parse_body<T: DeserializeOwned>(body: Value) -> Result<T> {
-    if !body.is_object() {
-        return Err(Error::validation("", "the body must be a JSON object"));
-    }
+    super::object_body(&body)?;
     serde_path_to_error::deserialize(body).map_err(|e| {
         let path = e.path().to_string();
         let message = e.into_inner().to_string();
-        Error::Validation { field: (path != ".").then_some(path), message }
+        // serde names a missing field in its message, at the path of the
+        // object that lacks it.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|m| m.strip_suffix('`'))
+            .map(|name| if path == "." { name.to_owned() } else { format!("{path}.{name}") });
+        Error::Validation { field: missing.or((path != ".").then_some(path)), message }
     })
 }
 
@@ -621,4 +625,42 @@ pub async fn get_contract(
         .await?
         .ok_or_else(|| Error::NotFound(format!("context contract {id}")))?;
     Ok(Json(ContractBody { context_contract: contract }))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code, reason = "only parsed")]
+    struct Outer {
+        name: String,
+        inner: Option<Inner>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code, reason = "only parsed")]
+    struct Inner {
+        amount: f64,
+    }
+
+    fn field(body: Value) -> Option<String> {
+        match parse_body::<Outer>(body) {
+            Err(Error::Validation { field, .. }) => field,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn problems_name_their_field() {
+        assert_eq!(field(json!({})).as_deref(), Some("name"));
+        assert_eq!(field(json!({"name": "n", "inner": {}})).as_deref(), Some("inner.amount"));
+        assert_eq!(field(json!({"name": 1})).as_deref(), Some("name"));
+        assert_eq!(field(json!({"name": "n", "extra": 1})).as_deref(), Some("extra"));
+        assert_eq!(field(json!([1])), None, "the whole body");
+    }
 }

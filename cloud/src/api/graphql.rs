@@ -666,16 +666,12 @@ pub async fn graphql(
     JsonBody(body): JsonBody,
 ) -> crate::error::Result<Json<Value>> {
     principal.require(Scope::Read)?;
-    let request: async_graphql::Request = match &body {
-        Value::Object(map) if map.get("query").is_some_and(Value::is_string) => {
-            serde_json::from_value(body)
-                .map_err(|e| Error::validation("", format!("not a GraphQL request: {e}")))?
-        }
-        Value::Object(_) => {
-            return Err(Error::validation("query", "`query` must be a string"));
-        }
-        _ => return Err(Error::validation("", "the body must be a JSON object")),
-    };
+    if !super::object_body(&body)?.get("query").is_some_and(Value::is_string) {
+        return Err(Error::validation("query", "`query` must be a string"));
+    }
+    let request: async_graphql::Request = serde_json::from_value(body).map_err(|e| {
+        Error::Validation { field: None, message: format!("not a GraphQL request: {e}") }
+    })?;
     let request = request.data(Caller { state, workspace_id: principal.workspace_id.clone() });
     let mut response = schema().execute(request).await;
     for error in &mut response.errors {

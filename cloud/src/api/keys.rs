@@ -107,8 +107,7 @@ fn name_field(body: &Value, default: &str) -> Result<String> {
 }
 
 fn check_fields(body: &Value, allowed: &[&str]) -> Result<()> {
-    let object =
-        body.as_object().ok_or_else(|| Error::validation("", "the body must be a JSON object"))?;
+    let object = super::object_body(body)?;
     match object.keys().find(|k| !allowed.contains(&k.as_str())) {
         Some(k) => Err(Error::validation(k.as_str(), format!("unknown field `{k}`"))),
         None => Ok(()),

@@ -61,7 +61,10 @@ pub fn range_of(
         return Err(Error::validation(name("from"), "times are ms since the epoch, not negative"));
     }
     if to > MAX_TIME_MS {
-        return Err(Error::validation(name("to"), "times are ms since the epoch, up to the year 9999"));
+        return Err(Error::validation(
+            name("to"),
+            "times are ms since the epoch, up to the year 9999",
+        ));
     }
     if from > to {
         return Err(Error::validation(name("from"), "`from` must not be after `to`"));

@@ -181,8 +181,7 @@ struct NewTrackable {
 }
 
 fn parse_create(body: &Value) -> Result<NewTrackable> {
-    let object =
-        body.as_object().ok_or_else(|| Error::validation("", "the body must be a JSON object"))?;
+    let object = super::object_body(body)?;
     reject_unknown(object, &["kind", "name", "targetUrl", "eventName", "includeQrSvg", "code"])?;
     let kind_text = optional_str(body, "kind")?
         .ok_or_else(|| Error::validation("kind", "`kind` is required"))?;
@@ -366,8 +365,7 @@ pub async fn track(
     JsonBody(body): JsonBody,
 ) -> Result<impl IntoResponse> {
     principal.require(Scope::Ingest)?;
-    let object =
-        body.as_object().ok_or_else(|| Error::validation("", "the body must be a JSON object"))?;
+    let object = super::object_body(&body)?;
     reject_unknown(object, &["code", "event", "properties", "actor", "timestamp", "businessId"])?;
     let code = optional_str(&body, "code")?
         .ok_or_else(|| Error::validation("code", "`code` is required"))?;
