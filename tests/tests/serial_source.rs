@@ -175,3 +175,39 @@ async fn rfid_frames_are_smoothed_into_one_read_and_one_departure_per_tag() {
     assert!(health["sources"][0]["rejected"]["bad_frame"].as_u64().unwrap() >= 1, "{health}");
     assert!(gateway.process.terminate().await.unwrap().success());
 }
+
+/// A tag still inside its dwell when the gateway stops gets its read then,
+/// not never.
+#[tokio::test]
+async fn a_read_inside_its_dwell_is_kept_through_a_shutdown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let link = tmp.path().join("reader");
+    let (mut reader, line_end) = tokio_serial::SerialStream::pair().unwrap();
+    std::os::unix::fs::symlink(line_end.name().unwrap(), &link).unwrap();
+    let source =
+        serial_source("dock-1", &link, "rfid_binary", "dwell = \"1h\"\ndepart_after = \"2h\"\n");
+    let (cloud, config) = grpc_site(tmp.path(), &source).await;
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    source_health(&gateway, true).await;
+    let epc = "3034F87E5C0000400000012A";
+    let read = TagRead { epc: epc.into(), antenna: 2, rssi: -50.0, reader_ms: None };
+    AsyncWriteExt::write_all(&mut reader, &encode_frame(&read).unwrap()).await.unwrap();
+    eventually("the frame read", DELIVERY_TIMEOUT, || async {
+        let health = gateway.health().await;
+        (health["sources"][0]["received_total"] == 1).then_some(())
+    })
+    .await;
+    assert!(gateway.process.terminate().await.unwrap().success());
+
+    // Whatever the stop did not ship, the next run does.
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let reads = eventually("the read in the cloud", DELIVERY_TIMEOUT, || async {
+        let reads = cloud.events("rfid.tag.read").await;
+        (!reads.is_empty()).then_some(reads)
+    })
+    .await;
+    assert_eq!(reads.len(), 1, "{reads:?}");
+    assert_eq!(reads[0]["trackable"]["code"], epc);
+    assert_eq!(reads[0]["properties"]["readCount"], 1);
+    assert!(gateway.process.terminate().await.unwrap().success());
+}

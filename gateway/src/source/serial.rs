@@ -322,6 +322,27 @@ impl Decoder {
         }
     }
 
+    /// The port was lost (`when`), or the source stops: a line or frame
+    /// begun will never end (the next bytes would come from a replugged
+    /// device and be glued to it), so it is dropped and counted as
+    /// `cut_off`. Tags in the field stay tracked.
+    fn cut(&mut self, when: &str, out: &mut Decoded) {
+        let cut = self.line.len() + self.frames.reset();
+        if cut > 0 && !self.skipping {
+            out.rejected.push(("cut_off", format!("{cut} bytes of a line or frame {when}")));
+        }
+        self.line.clear();
+        self.skipping = false;
+    }
+
+    /// The source stops: reads still waiting for their dwell go out.
+    fn stop(&mut self, device: &DeviceRef, out: &mut Decoded) {
+        self.cut("at shutdown", out);
+        if self.protocol != Protocol::Barcode {
+            smooth(self.smoother.stop(), device, out);
+        }
+    }
+
     fn tick(&mut self, now: i64, device: &DeviceRef, out: &mut Decoded) {
         if self.protocol != Protocol::Barcode {
             smooth(self.smoother.tick(now), device, out);
@@ -411,6 +432,7 @@ impl Source for SerialSource {
                         }
                         // 0 bytes or an error: the port is gone.
                         result => {
+                            decoder.cut("when the port was lost", &mut decoded);
                             deliver(&intake, decoded, &config.name).await;
                             if port_lost(&port_settings, &config.name, result, &health, &mut backoff, &shutdown).await {
                                 continue 'reopen;
@@ -424,6 +446,9 @@ impl Source for SerialSource {
                 deliver(&intake, decoded, &config.name).await;
             }
         }
+        let mut decoded = Decoded::default();
+        decoder.stop(&config.device, &mut decoded);
+        deliver(&intake, decoded, &config.name).await;
         health.set_connected(false);
         Ok(())
     }
@@ -508,6 +533,45 @@ async fn deliver(intake: &Intake, decoded: Decoded, source: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn decoder(protocol: &str) -> (Decoder, DeviceRef) {
+        let config: SerialSourceConfig = toml::from_str(&format!(
+            "name = \"s\"\npath = \"/dev/ttyUSB0\"\nprotocol = \"{protocol}\"\n\
+             device = {{ type = \"scanner\", id = \"s1\" }}\ndwell = \"1h\"\ndepart_after = \"2h\""
+        ))
+        .unwrap();
+        (Decoder::new(&config), config.device.clone())
+    }
+
+    /// An unplug in the middle of a line: the next scan, from the replugged
+    /// scanner, is itself, not the end of the line before.
+    #[test]
+    fn a_line_cut_by_the_port_lost_is_not_glued_to_the_next() {
+        let (mut decoder, device) = decoder("barcode");
+        let mut out = Decoded::default();
+        decoder.push(b"PALLET-00", 0, &device, &mut out);
+        decoder.cut("when the port was lost", &mut out);
+        decoder.push(b"]C10109506000134352\r\n", 1, &device, &mut out);
+        assert_eq!(out.rejected.len(), 1);
+        assert_eq!(out.rejected[0].0, "cut_off");
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].envelope["trackable"]["code"], "09506000134352");
+    }
+
+    /// A tag inside its dwell when the source stops gets its read then.
+    #[test]
+    fn reads_waiting_for_their_dwell_go_out_when_the_source_stops() {
+        let (mut decoder, device) = decoder("rfid_line");
+        let mut out = Decoded::default();
+        decoder.push(b"3034F87E5C0000400000012A,2,-57.5\n3034", 0, &device, &mut out);
+        decoder.tick(1000, &device, &mut out);
+        assert!(out.events.is_empty(), "an hour's dwell");
+        decoder.stop(&device, &mut out);
+        assert_eq!(out.events.len(), 1);
+        assert_eq!(out.events[0].envelope["event"], "rfid.tag.read");
+        assert_eq!(out.events[0].envelope["properties"]["readCount"], 1);
+        assert_eq!(out.rejected.iter().map(|r| r.0).collect::<Vec<_>>(), ["cut_off"]);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_port_that_brings_no_bytes_is_reopened_ever_more_slowly() {

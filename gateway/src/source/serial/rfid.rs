@@ -177,6 +177,11 @@ pub struct FrameDecoder {
 const MAX_BUFFERED: usize = 4096;
 
 impl FrameDecoder {
+    /// Forgets a frame begun (its port was lost); how many bytes it held.
+    pub fn reset(&mut self) -> usize {
+        std::mem::take(&mut self.buf).len()
+    }
+
     /// Adds bytes and returns every read (or skipped garbage) they complete.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<Result<TagRead, ReadError>> {
         self.buf.extend_from_slice(bytes);
@@ -336,6 +341,28 @@ impl Smoother {
                 close(visit, &mut out);
             }
         }
+        out
+    }
+
+    /// The source stops: the read of every visit whose dwell has not come
+    /// yet, so that none is lost (by EPC). The visits stay open: whether
+    /// their tags leave, nobody watches now.
+    pub fn stop(&mut self) -> Vec<Smoothed> {
+        let mut out: Vec<Smoothed> = self
+            .tags
+            .values_mut()
+            .filter(|visit| !visit.reported)
+            .map(|visit| {
+                visit.reported = true;
+                Smoothed::Read(visit.clone())
+            })
+            .collect();
+        out.sort_by(|a, b| match (a, b) {
+            (
+                Smoothed::Read(a) | Smoothed::Departed(a),
+                Smoothed::Read(b) | Smoothed::Departed(b),
+            ) => a.epc.cmp(&b.epc),
+        });
         out
     }
 
