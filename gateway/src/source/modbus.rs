@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -76,7 +76,7 @@ pub struct ModbusSourceConfig {
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
     /// `every_poll` (default): every poll is an event with every value;
-    /// `on_change`: only values that moved by more than their `deadband`
+    /// `on_change`: only values that moved by at least their `deadband`
     /// since they were last reported, and no event when none did.
     #[serde(default)]
     pub report: Report,
@@ -370,14 +370,18 @@ impl Source for ModbusSource {
         let health = std::sync::Arc::clone(intake.health());
         let mut backoff = Backoff::new(this.config.backoff_initial, this.config.backoff_max);
         let mut rng = StdRng::from_os_rng();
-        let mut reported: HashMap<usize, Value> = HashMap::new();
+        let mut reported = Reported::default();
         let mut connection: Option<Context> = None;
         // Polling does not wait for each reading to be durable (no device
         // waits for an acknowledgement): an appender task makes what queued
         // durable in one append while the next polls run.
         let (readings, queued) = tokio::sync::mpsc::channel(READINGS_QUEUED);
-        let appender =
-            tokio::spawn(append_readings(intake.clone(), queued, this.config.name.clone()));
+        let appender = tokio::spawn(append_readings(
+            intake.clone(),
+            queued,
+            this.config.name.clone(),
+            Arc::clone(&reported.forgotten),
+        ));
         let mut ticker = tokio::time::interval(this.config.poll_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -469,21 +473,33 @@ impl Source for ModbusSource {
 const READINGS_QUEUED: usize = 1024;
 
 /// Appends queued readings, everything queued at once, until the poller
-/// stops. A reading the buffer refuses is counted as dropped: the next poll
-/// reads the device again.
+/// stops. A reading the buffer refuses is counted as dropped, and
+/// `forgotten` set: under `on_change` the next poll reports every value
+/// again, since what the dropped readings reported never arrived.
 async fn append_readings(
     intake: Intake,
     mut queued: tokio::sync::mpsc::Receiver<bytes::Bytes>,
     source: String,
+    forgotten: Arc<AtomicBool>,
 ) {
     let mut batch = Vec::with_capacity(READINGS_QUEUED);
     while queued.recv_many(&mut batch, READINGS_QUEUED).await > 0 {
         let n = batch.len() as u64;
         if let Err(e) = intake.append(std::mem::take(&mut batch)).await {
+            forgotten.store(true, Ordering::Relaxed);
             intake.health().dropped(n);
             tracing::warn!(%source, error = %e, readings = n, "modbus readings not buffered; the next polls read again");
         }
     }
+}
+
+/// What `on_change` last reported, per register.
+#[derive(Default)]
+struct Reported {
+    values: HashMap<usize, Value>,
+    /// Set by the appender when it dropped readings: what they reported
+    /// must be reported again.
+    forgotten: Arc<AtomicBool>,
 }
 
 /// One poll: every planned read, decoded. An exception answer skips that
@@ -561,20 +577,23 @@ enum Items {
 fn reading(
     config: &ModbusSourceConfig,
     values: Vec<(usize, Value)>,
-    reported: &mut HashMap<usize, Value>,
+    reported: &mut Reported,
 ) -> Option<Map<String, Value>> {
+    if reported.forgotten.swap(false, Ordering::Relaxed) {
+        reported.values.clear();
+    }
     let mut properties = Map::new();
     let mut units = Map::new();
     for (i, v) in values {
         let r = &config.registers[i];
-        if config.report == Report::OnChange && !moved(reported.get(&i), &v, r.deadband) {
+        if config.report == Report::OnChange && !moved(reported.values.get(&i), &v, r.deadband) {
             continue;
         }
         if let Some(unit) = &r.unit {
             units.insert(r.name.clone(), Value::from(unit.clone()));
         }
         properties.insert(r.name.clone(), v.clone());
-        reported.insert(i, v);
+        reported.values.insert(i, v);
     }
     if properties.is_empty() {
         return None;
@@ -594,11 +613,11 @@ fn reading(
     }
 }
 
-/// Whether `now` differs from the last reported value by more than
-/// `deadband` (numbers), or at all (other values).
+/// Whether `now` differs from the last reported value by at least
+/// `deadband` (numbers; 0: by anything), or at all (other values).
 fn moved(last: Option<&Value>, now: &Value, deadband: f64) -> bool {
     match (last.and_then(Value::as_f64), now.as_f64()) {
-        (Some(a), Some(b)) => (b - a).abs() > deadband || (deadband == 0.0 && a != b),
+        (Some(a), Some(b)) => super::mapping::throttle::moved_by_band(a, b, deadband),
         _ => last != Some(now),
     }
 }
@@ -680,7 +699,7 @@ mod tests {
         )
         .unwrap();
         assert!(config.problems().is_empty(), "{:?}", config.problems());
-        let mut seen = HashMap::new();
+        let mut seen = Reported::default();
         let first = reading(&config, vec![(0, json!(20.0)), (1, json!(true))], &mut seen).unwrap();
         assert_eq!(
             first["properties"],
@@ -697,9 +716,41 @@ mod tests {
             reading(&config, vec![(0, json!(20.6)), (1, json!(false))], &mut seen).unwrap();
         assert_eq!(flipped["properties"], json!({"running": false}));
 
+        assert!(super::moved(Some(&json!(0.2)), &json!(0.3), 0.1), "a step of a scale of 0.1");
+        assert!(!super::moved(Some(&json!(0.2)), &json!(0.29), 0.1));
+        // A move of exactly the deadband counts.
+        let step = reading(&config, vec![(0, json!(21.1)), (1, json!(false))], &mut seen).unwrap();
+        assert_eq!(step["properties"]["temperature"], 21.1);
+        assert!(reading(&config, vec![(0, json!(21.1)), (1, json!(false))], &mut seen).is_none());
+
+        // The appender dropped readings: everything is reported again.
+        seen.forgotten.store(true, Ordering::Relaxed);
+        let again = reading(&config, vec![(0, json!(21.1)), (1, json!(false))], &mut seen).unwrap();
+        assert_eq!(again["properties"]["running"], false);
+        assert!(reading(&config, vec![(0, json!(21.1)), (1, json!(false))], &mut seen).is_none());
+
         config.report = Report::EveryPoll;
         let again = reading(&config, vec![(0, json!(20.6))], &mut seen).unwrap();
         assert_eq!(again["properties"]["temperature"], 20.6);
+    }
+
+    /// A buffer that refuses readings makes the appender say they were
+    /// forgotten.
+    #[tokio::test]
+    async fn readings_the_buffer_refuses_are_forgotten() {
+        let buffer = Arc::new(crate::buffer::MemoryBuffer::new());
+        crate::buffer::Buffer::close(&*buffer).await.unwrap();
+        let health = Arc::new(crate::source::SourceHealth::new("plc", "modbus"));
+        let intake = Intake::new(buffer, Arc::clone(&health), Duration::ZERO);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let forgotten = Arc::new(AtomicBool::new(false));
+        let appender =
+            tokio::spawn(append_readings(intake, rx, "plc".into(), Arc::clone(&forgotten)));
+        tx.send(bytes::Bytes::from_static(b"reading")).await.unwrap();
+        drop(tx);
+        appender.await.unwrap();
+        assert!(forgotten.load(Ordering::Relaxed));
+        assert_eq!(health.to_json()["dropped_total"], 1);
     }
 
     #[test]

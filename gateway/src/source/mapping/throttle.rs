@@ -135,11 +135,19 @@ impl ThrottleState {
 
 /// A number with a deadband changed by at least the band; anything else
 /// by any difference.
+/// Whether a number moved from `a` to `b` by at least `band` (0: by
+/// anything): the deadband rule of rule throttles and Modbus `on_change`.
+pub(crate) fn moved_by_band(a: f64, b: f64, band: f64) -> bool {
+    // Scaled values move in steps that floats round (0.3 - 0.2 is
+    // 0.0999...): a step of the band's size counts all the same.
+    a != b && (b - a).abs() >= band * (1.0 - 1e-9)
+}
+
 fn changed(last: &Seen, now: &Seen, config: &ThrottleConfig) -> bool {
     let bands = last.banded.iter().zip(&now.banded).zip(config.deadband.values());
     last.rest != now.rest
         || bands.into_iter().any(|((a, b), band)| match (a, b) {
-            (Some(Kept::Number(a)), Some(Kept::Number(b))) => (a - b).abs() >= *band && a != b,
+            (Some(Kept::Number(a)), Some(Kept::Number(b))) => moved_by_band(*a, *b, *band),
             _ => a != b,
         })
 }
