@@ -101,6 +101,8 @@ struct Scenario {
     revoke_grant: bool,
     contract: Value,
     event_tier: Option<&'static str>,
+    /// `eventId` names the event that recorded the decision's creation.
+    own_event: bool,
     body: Value,
 }
 
@@ -116,6 +118,7 @@ fn base(now: i64, trace: &str) -> Scenario {
             "requiredAttestationProviders": ["notary"], "requiredCompliance": ["SOC2"],
             "escrowAbove": 100, "validUntil": now + HOUR}),
         event_tier: Some("T3"),
+        own_event: false,
         body: json!({
             "proposedAction": {"action": "refund", "amount": 50, "currency": "EUR", "actor": "agent-7",
                 "orderId": "8812"},
@@ -169,6 +172,7 @@ fn scenario(rule: &str, now: i64, trace: &str) -> Scenario {
             s.body.as_object_mut().unwrap().remove("traceId");
         }
         "T4" => s.event_tier = None,
+        "T5" => s.own_event = true,
         "P1" => s.body["complianceMapping"] = json!({"HIPAA": {}}),
         "A1" => {
             s.body.as_object_mut().unwrap().remove("attestation");
@@ -221,6 +225,15 @@ async fn prepare(client: &Client, cloud: &Cloud, key: &str, s: &Scenario) -> Val
         assert_eq!(code, StatusCode::ACCEPTED, "{body}");
     }
     let mut body = s.body.clone();
+    if s.own_event {
+        let path = "/api/events?event=governance.decision.created&limit=1000";
+        let (code, listed) = get(client, cloud, key, path).await;
+        assert_eq!(code, StatusCode::OK, "{listed}");
+        let created =
+            listed["events"].as_array().unwrap().iter().find(|e| e["object"]["id"] == dec);
+        body["eventId"] =
+            created.unwrap_or_else(|| panic!("no creation event: {listed}"))["id"].clone();
+    }
     for (field, id) in
         [("decisionObjectId", dec), ("authorityGrantId", grt), ("contextContractId", ctc)]
     {
@@ -839,6 +852,61 @@ async fn tampering_with_a_stored_receipt_is_detected(backend: Backend) {
     assert!(report["firstBroken"]["reason"].as_str().unwrap().contains("prevHash"), "{report:#}");
 }
 
+/// Editing a receipt by storing a second copy of it beside the genuine
+/// one: the embedded store refuses the row; ClickHouse cannot, and
+/// verification reports the position stored twice (it once kept one copy
+/// per id, and the edit passed while listings showed it).
+async fn a_forged_copy_of_a_receipt_is_detected(backend: Backend) {
+    let cloud = start(backend, &[]).await;
+    let client = client();
+    let key = cloud.key.clone();
+    let body = prepare(&client, &cloud, &key, &base(now_ms(), "trace-copy")).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (status, answer) = post(&client, &cloud, &key, "/api/governance/enforce", &body).await;
+        assert_eq!(status, StatusCode::OK);
+        ids.push(answer["receiptId"].as_str().unwrap().to_owned());
+    }
+    let store = cloud.stop().await.unwrap();
+    let mut forged = stored_receipt(&store, &ids[1]).await;
+    forged["outcome"] = json!("deny");
+    forged.as_object_mut().unwrap().remove("contentHash");
+    let hash = content_hash(&forged);
+    forged["contentHash"] = json!(hash);
+    match store.backend {
+        Backend::Embedded => {
+            let conn = rusqlite::Connection::open(store.data_dir().join("opgraph.db")).unwrap();
+            let copied = conn.execute(
+                "INSERT INTO governance_receipts SELECT * FROM governance_receipts WHERE id = ?1",
+                [&ids[1]],
+            );
+            assert!(copied.is_err(), "a second row for a receipt id is refused");
+            return;
+        }
+        Backend::ClickHouse => {
+            let insert = format!(
+                "INSERT INTO governance_receipts (workspace_id, id, writer, sequence, prev_hash, \
+                 content_hash, created_at, outcome, trace_id, decision_id, body, seq) \
+                 SELECT workspace_id, id, writer, sequence, prev_hash, {}, created_at, 'deny', \
+                 trace_id, decision_id, {}, seq + 1000 FROM governance_receipts WHERE id = {}",
+                sql_string(&hash),
+                sql_string(&forged.to_string()),
+                sql_string(&ids[1])
+            );
+            store.clickhouse_sql(&insert).await.unwrap();
+        }
+    }
+    let cloud = store.start().await.unwrap();
+    let (status, report) = get(&client, &cloud, &key, "/api/governance/receipts/verify").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(report["valid"], false, "{report:#}");
+    assert_eq!(report["firstBroken"]["receiptId"], ids[1].as_str(), "{report:#}");
+    assert!(
+        report["firstBroken"]["reason"].as_str().unwrap().contains("stored twice"),
+        "{report:#}"
+    );
+}
+
 /// A ClickHouse string literal of `text`.
 fn sql_string(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
@@ -1256,6 +1324,7 @@ both_backends!(
     bad_enforce_bodies_are_400_and_record_nothing,
     concurrent_enforce_calls_keep_each_chain_linear,
     tampering_with_a_stored_receipt_is_detected,
+    a_forged_copy_of_a_receipt_is_detected,
     receipts_hash_as_documented,
     proof_trails_export_verify_and_push,
     another_workspaces_objects_are_not_found,

@@ -224,6 +224,7 @@ fn decide(
     subject: String,
 ) -> Result<(Receipt, Vec<NewEvent>)> {
     let trigger = match (&inputs.trigger, &v.refs.event_id, &v.refs.trace_id) {
+        (Some(found), _, _) if found.own => Trigger::OwnRecord(found.id.clone()),
         (Some(found), _, _) => {
             Trigger::Found { event_id: found.id.clone(), tier: found.trust_tier }
         }
@@ -417,8 +418,10 @@ pub async fn verify_receipts(
         let page =
             state.store.receipt_chain_page(&principal.workspace_id, after, VERIFY_PAGE).await?;
         page.iter().for_each(|row| verifier.push(row));
+        // A page may hold more than asked for (every copy of its last
+        // position): only a short one is the last.
         match page.last() {
-            Some(last) if page.len() == VERIFY_PAGE => {
+            Some(last) if page.len() >= VERIFY_PAGE => {
                 after = Some((last.writer.clone(), last.sequence));
             }
             _ => break,

@@ -141,6 +141,12 @@ fn link_problem(row: &ReceiptRow, previous: Option<&(i64, String)>) -> Option<St
             None => return Some(format!("sequence {sequence} cannot be followed by another")),
         },
     };
+    if previous.is_some_and(|(sequence, _)| *sequence == row.sequence) {
+        return Some(format!(
+            "sequence {} stored twice, with different contents (a receipt edited by a copy)",
+            row.sequence
+        ));
+    }
     if row.sequence != expected_sequence {
         return Some(format!(
             "sequence gap: expected {expected_sequence}, found {} (a receipt is missing)",

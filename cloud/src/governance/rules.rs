@@ -71,6 +71,9 @@ pub enum Trigger {
     NotNamed,
     /// `eventId` names no event of this workspace.
     EventMissing(String),
+    /// `eventId` names one of the governance layer's own records (a
+    /// receipt's or a status change's event, written at T3).
+    OwnRecord(String),
     /// `traceId` has no (non-governance) events.
     TraceEmpty(String),
     Found {
@@ -376,12 +379,22 @@ fn contract_checks(inputs: &Inputs<'_>, checks: &mut Vec<Check>) {
 
 fn trust_tier_check(trigger: &Trigger, required: Option<TrustTier>) -> Check {
     const CHECK: &str = "trust_tier";
-    if let Trigger::EventMissing(id) = trigger {
-        return fail(
-            CHECK,
-            Outcome::Deny,
-            format!("triggering event {id} not found in this workspace"),
-        );
+    match trigger {
+        Trigger::EventMissing(id) => {
+            return fail(
+                CHECK,
+                Outcome::Deny,
+                format!("triggering event {id} not found in this workspace"),
+            );
+        }
+        Trigger::OwnRecord(id) => {
+            return fail(
+                CHECK,
+                Outcome::Deny,
+                format!("event {id} is the governance layer's own record, not a triggering event"),
+            );
+        }
+        _ => {}
     }
     let Some(required) = required else {
         return pass(CHECK, "the contract requires no trust tier".to_owned());
@@ -403,7 +416,7 @@ fn trust_tier_check(trigger: &Trigger, required: Option<TrustTier>) -> Check {
             Outcome::NeedsHumanApproval,
             format!("no triggering event: trace {trace} has no events; required {required}"),
         ),
-        Trigger::NotNamed | Trigger::EventMissing(_) => fail(
+        Trigger::NotNamed | Trigger::EventMissing(_) | Trigger::OwnRecord(_) => fail(
             CHECK,
             Outcome::NeedsHumanApproval,
             format!("no triggering event: name a traceId or eventId; required {required}"),

@@ -153,7 +153,7 @@ pub struct Receipt {
 
 /// A receipt as stored: its index columns and its JSON body, exactly as
 /// written (so that verification sees tampering instead of hiding it).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReceiptRow {
     pub id: String,
     pub writer: String,
@@ -238,6 +238,9 @@ pub struct TriggerEvent {
     pub trust_tier: TrustTier,
     /// Keys of the event's `complianceMapping`.
     pub compliance_frameworks: Vec<String>,
+    /// One of the governance layer's own records (named by `eventId`; a
+    /// trace's lookup leaves them out), which never triggers anything.
+    pub own: bool,
 }
 
 impl TriggerEvent {
@@ -249,10 +252,15 @@ impl TriggerEvent {
             .and_then(Value::as_object)
             .map(|m| m.keys().cloned().collect())
             .unwrap_or_default();
+        let own = envelope
+            .get("event")
+            .and_then(Value::as_str)
+            .is_some_and(|name| name.starts_with(crate::governance::EVENT_PREFIX));
         Ok(TriggerEvent {
             id,
             trust_tier: trust_tier.parse().unwrap_or_default(),
             compliance_frameworks,
+            own,
         })
     }
 }
@@ -403,7 +411,10 @@ pub trait GovernanceStore: Send + Sync {
     /// The receipts with these ids that exist in `ws`, in no order.
     async fn get_receipts(&self, ws: &str, ids: &[String]) -> Result<Vec<ReceiptRow>>;
     /// Receipts in chain order (writer, then sequence), after the position
-    /// `after` (exclusive), at most `limit`.
+    /// `after` (exclusive), at most `limit` positions: every stored copy
+    /// of a position that differs in anything (a store that cannot refuse
+    /// a second row for an id shows such an edit), and all of the last
+    /// position's copies even past `limit`.
     async fn receipt_chain_page(
         &self,
         ws: &str,

@@ -174,6 +174,7 @@ fn scenario(rule: &str) -> Option<World> {
         "T2" => w.trigger = Trigger::Found { event_id: "evt_1".into(), tier: TrustTier::T1 },
         "T3" => w.trigger = Trigger::NotNamed,
         "T4" => w.trigger = Trigger::TraceEmpty("trace-x".into()),
+        "T5" => w.trigger = Trigger::OwnRecord("evt_receipt".into()),
         "P1" => w.frameworks = vec!["hipaa".into()],
         "A1" => w.attested = vec![],
         "E1" => w.proposal.amount = Some(100.5),

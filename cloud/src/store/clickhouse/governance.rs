@@ -568,11 +568,39 @@ impl GovernanceStore for ClickHouseStore {
         limit: usize,
     ) -> Result<Vec<ReceiptRow>> {
         let (writer, sequence) = after.unwrap_or_default();
-        let condition = "workspace_id = ? AND (writer > ? OR (writer = ? AND sequence > ?))";
-        self.receipts_where(condition, "writer, sequence", limit, |query| {
-            query.bind(ws).bind(writer.as_str()).bind(writer.as_str()).bind(sequence)
-        })
-        .await
+        // Every stored copy that differs in anything, not one per id as
+        // elsewhere (identical copies of a repeated insert are one): the
+        // table cannot refuse a second row with an id, so an edit made by
+        // inserting a copy shows here as a position stored twice, which
+        // verification reports.
+        let select = RECEIPT_SELECT.replacen("SELECT", "SELECT DISTINCT", 1);
+        let sql = format!(
+            "{select} WHERE workspace_id = ? AND (writer > ? OR (writer = ? AND sequence > ?))
+             ORDER BY writer, sequence LIMIT {}",
+            limit_arg(limit)
+        );
+        let query = self.client.query(&sql).bind(ws).bind(writer.as_str()).bind(writer.as_str());
+        let page: Vec<ReceiptRead> = run(query.bind(sequence).sent().fetch_all()).await?;
+        let mut rows: Vec<ReceiptRow> = page.into_iter().map(ReceiptRead::into_row).collect();
+        // A full page ends only after every copy of its last position (the
+        // next one starts past it); ClickHouse 18 has no LIMIT WITH TIES.
+        if let Some(last) = rows.last().filter(|_| rows.len() >= limit).cloned() {
+            let sql = format!("{select} WHERE workspace_id = ? AND writer = ? AND sequence = ?");
+            let query = self.client.query(&sql).bind(ws).bind(last.writer.as_str());
+            let copies: Vec<ReceiptRead> =
+                run(query.bind(last.sequence).sent().fetch_all()).await?;
+            for copy in copies.into_iter().map(ReceiptRead::into_row) {
+                if !rows
+                    .iter()
+                    .rev()
+                    .take_while(|r| r.sequence == last.sequence)
+                    .any(|r| *r == copy)
+                {
+                    rows.push(copy);
+                }
+            }
+        }
+        Ok(rows)
     }
 
     async fn insert_proof_trail(&self, ws: &str, trail: &ProofTrail) -> Result<()> {
