@@ -153,10 +153,11 @@ pub fn parse_limit(raw: Option<&str>) -> Result<usize> {
     const MAX: usize = 1000;
     match raw {
         None => Ok(DEFAULT),
-        Some(text) => text
-            .parse::<u64>()
-            .map(|n| usize::try_from(n).unwrap_or(MAX).min(MAX))
-            .map_err(|_| Error::validation("limit", "`limit` must be a non-negative integer")),
+        // Digits past u64::MAX are a large limit too: clamped.
+        Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(text.parse::<u64>().map_or(MAX, |n| usize::try_from(n).unwrap_or(MAX).min(MAX)))
+        }
+        Some(_) => Err(Error::validation("limit", "`limit` must be a non-negative integer")),
     }
 }
 
@@ -370,6 +371,17 @@ impl IntoResponse for JsonBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_limits_are_clamped_or_refused() {
+        assert_eq!(parse_limit(None).unwrap(), 100);
+        assert_eq!(parse_limit(Some("0")).unwrap(), 0);
+        assert_eq!(parse_limit(Some("5000")).unwrap(), 1000);
+        assert_eq!(parse_limit(Some("99999999999999999999999")).unwrap(), 1000);
+        for bad in ["", "-5", "1.5", "x", "%ff"] {
+            assert!(parse_limit(Some(bad)).is_err(), "{bad}");
+        }
+    }
 
     #[tokio::test]
     async fn a_handler_that_panics_answers_500_in_the_error_shape() {

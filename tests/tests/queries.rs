@@ -229,7 +229,7 @@ async fn funnels_count_ordered_steps() {
     api.refused(q, json!({"steps": [step]}), "steps").await;
     api.refused(q, json!({"steps": vec![step.clone(); 11]}), "steps").await;
     api.refused(q, json!({"steps": [step, {"event": " "}]}), "steps[1].event").await;
-    api.refused(q, json!({"steps": [step, {"name": "b"}]}), "steps[1]").await;
+    api.refused(q, json!({"steps": [step, {"name": "b"}]}), "steps[1].event").await;
     api.refused(q, json!({"steps": [step, step], "windowMs": 0}), "windowMs").await;
     api.refused(q, json!({"steps": [step, step], "from": -5}), "from").await;
     api.refused(q, json!({"steps": "a,b"}), "steps").await;
@@ -340,7 +340,7 @@ async fn search_and_whats_changed() {
     let q = "/api/analytics/event-search";
     api.refused(q, json!({"query": "  "}), "query").await;
     api.refused(q, json!({"query": "x".repeat(201)}), "query").await;
-    api.refused(q, json!({}), "").await;
+    api.refused(q, json!({}), "query").await;
     api.refused(q, json!({"query": "abc", "limit": -3}), "limit").await;
     api.refused(q, json!({"query": "abc", "from": 10, "to": 5}), "from").await;
 
@@ -472,7 +472,7 @@ async fn health_usage_and_agent_context() {
     let (status, body) = api.post(ctx, &json!({"mode": "dance"})).await;
     assert_refused(status, &body, "mode", &json!("dance"));
     assert!(body["error"]["message"].as_str().unwrap().contains("recommend_next_actions"));
-    api.refused(ctx, json!({}), "").await;
+    api.refused(ctx, json!({}), "mode").await;
     api.refused(ctx, json!({"mode": "summarize", "limit": -1}), "limit").await;
     let (status, _) = api.post(ctx, &json!({"mode": "summarize", "businessId": "nowhere"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND);

@@ -455,6 +455,7 @@ pub struct AgentContextRequest {
     /// Default `default`.
     pub business_id: Option<String>,
     /// Bound on each list; default 100, max 1000.
+    #[serde(default, deserialize_with = "super::queries::clamped_limit")]
     pub limit: Option<u64>,
 }
 

@@ -45,6 +45,7 @@ pub struct MetricsRequest {
     /// Adds `series` with one bucket per hour or day (UTC), at most 5000.
     pub interval: Option<Interval>,
     /// Event names listed (the most frequent first); default 100, max 1000.
+    #[serde(default, deserialize_with = "super::queries::clamped_limit")]
     pub limit: Option<u64>,
     pub business_id: Option<String>,
     /// Keeps each value as a snapshot and returns their ids.

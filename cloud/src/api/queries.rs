@@ -45,6 +45,44 @@ pub fn body_limit(limit: Option<u64>) -> usize {
     usize::try_from(limit.unwrap_or(DEFAULT_LIMIT).min(MAX_LIMIT)).unwrap_or(1000)
 }
 
+/// Deserializes a body's `limit`: a non-negative integer, one past
+/// `u64::MAX` too (JSON carries it as a float), which [`body_limit`]
+/// clamps like any other large one; negative and fractional values are
+/// refused.
+pub fn clamped_limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    struct Limit;
+    impl<'de> serde::de::Visitor<'de> for Limit {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a non-negative integer")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            u64::try_from(v).map(Some).map_err(|_| E::custom("`limit` must not be negative"))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            // Only integers too large for u64 come as floats.
+            if v.fract() == 0.0 && v >= u64::MAX as f64 {
+                Ok(Some(u64::MAX))
+            } else {
+                Err(E::custom("`limit` must be a non-negative integer"))
+            }
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<S: serde::Deserializer<'de>>(self, d: S) -> Result<Self::Value, S::Error> {
+            d.deserialize_any(Limit)
+        }
+    }
+    d.deserialize_option(Limit)
+}
+
 /// `[from, to)` from optional bounds: `to` defaults to now (inclusive of
 /// this millisecond), `from` to `to - default_span`.
 pub fn range_of(
@@ -207,6 +245,7 @@ pub struct AttributionRequest {
     pub lookback_ms: Option<i64>,
     pub business_id: Option<String>,
     /// Rows per dimension; default 100, max 1000.
+    #[serde(default, deserialize_with = "clamped_limit")]
     pub limit: Option<u64>,
 }
 
@@ -275,6 +314,7 @@ pub struct WhatsChangedRequest {
     /// Default: as long as `current`, right before it.
     pub previous: Option<Period>,
     /// Event diffs listed; default 100, max 1000.
+    #[serde(default, deserialize_with = "clamped_limit")]
     pub limit: Option<u64>,
 }
 
@@ -385,6 +425,7 @@ pub struct SearchRequest {
     pub event: Option<String>,
     pub business_id: Option<String>,
     /// Default 100, max 1000.
+    #[serde(default, deserialize_with = "clamped_limit")]
     pub limit: Option<u64>,
 }
 
@@ -546,6 +587,24 @@ pub async fn list_relationships(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_in_bodies_are_clamped_or_refused() {
+        let limit = |body: &str| {
+            serde_json::from_str::<AttributionRequest>(body).map(|r| body_limit(r.limit))
+        };
+        assert_eq!(limit("{}").unwrap(), 100);
+        assert_eq!(limit(r#"{"limit": null}"#).unwrap(), 100);
+        assert_eq!(limit(r#"{"limit": 7}"#).unwrap(), 7);
+        assert_eq!(limit(r#"{"limit": 5000}"#).unwrap(), 1000);
+        assert_eq!(limit(r#"{"limit": 18446744073709551616}"#).unwrap(), 1000);
+        assert_eq!(limit(r#"{"limit": 1e30}"#).unwrap(), 1000);
+        for bad in
+            [r#"{"limit": -1}"#, r#"{"limit": 1.5}"#, r#"{"limit": "5"}"#, r#"{"limit": -1e30}"#]
+        {
+            assert!(limit(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn ranges_default_and_refuse_bad_bounds() {
