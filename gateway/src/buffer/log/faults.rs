@@ -14,24 +14,30 @@ pub(super) enum Fault {
     Write,
     Fsync,
     Truncate,
+    /// A reader's open of a segment fails with EIO (the disk).
+    Read,
+    /// A reader's open fails with EMFILE (the process out of files).
+    ReadBusy,
 }
 
 /// How many upcoming operations of each kind fail.
 #[derive(Debug, Default)]
 pub(super) struct Faults {
     #[cfg(test)]
-    armed: [AtomicU32; 3],
+    armed: [AtomicU32; 5],
 }
 
 impl Faults {
-    /// `Err(EIO)` when a failure of this kind is armed (tests only).
+    /// `Err(EIO)` (EMFILE for `ReadBusy`) when a failure of this kind is
+    /// armed (tests only).
     pub(super) fn check(&self, fault: Fault) -> io::Result<()> {
         #[cfg(test)]
         if self.armed[fault as usize]
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
-            return Err(io::Error::from_raw_os_error(5));
+            let errno = if matches!(fault, Fault::ReadBusy) { 24 } else { 5 };
+            return Err(io::Error::from_raw_os_error(errno));
         }
         let _ = fault;
         Ok(())
@@ -53,7 +59,9 @@ mod tests {
 
     use super::*;
     use crate::Error;
-    use crate::buffer::log::LogBuffer;
+    use crate::buffer::log::reader::READ_GIVE_UP;
+    use crate::buffer::log::shared::ReadFailures;
+    use crate::buffer::log::{LogBuffer, lock};
     use crate::buffer::{Buffer, BufferConfig, FsyncPolicy, Record};
 
     fn payload(i: u64) -> Bytes {
@@ -99,6 +107,36 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".seg"))
             .map(|e| e.metadata().unwrap().len())
             .sum()
+    }
+
+    /// Reads that fail for a while lose nothing: a process out of file
+    /// descriptors never, a failing disk only after failing for ten
+    /// minutes (the shipper retries every few hundred milliseconds: three
+    /// failures in a row once dropped a whole segment in a second).
+    #[tokio::test]
+    async fn segments_are_given_up_only_after_failing_for_long() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(dir.path(), Duration::from_secs(5)).await;
+        append(&buffer, 1..=200).await.unwrap();
+        for (fault, times) in [(Fault::ReadBusy, 20), (Fault::Read, 20)] {
+            buffer.shared.faults.arm(fault, times);
+            for _ in 0..times {
+                let err = buffer.read(1, 1000, usize::MAX).await.unwrap_err();
+                assert!(err.retryable(), "{err}");
+            }
+            assert_holds(&buffer, 200).await;
+        }
+
+        // A segment failing for longer than that is given up on.
+        let first = *lock(&buffer.shared.state).segments.keys().next().unwrap();
+        let long_ago = std::time::Instant::now() - READ_GIVE_UP - Duration::from_secs(1);
+        lock(&buffer.shared.state).read_failures =
+            Some(ReadFailures { segment: first, count: 2, since: long_ago });
+        buffer.shared.faults.arm(Fault::Read, 1);
+        let records = buffer.read(1, 1000, usize::MAX).await.unwrap();
+        let lost = buffer.stats().corrupt_skipped_total;
+        assert!(lost > 0 && records.first().unwrap().seq == lost + 1, "lost {lost}");
+        assert_eq!(records.last().unwrap().seq, 200);
     }
 
     #[tokio::test]

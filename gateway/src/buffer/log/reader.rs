@@ -10,6 +10,8 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 
+use super::faults::Fault;
+use super::shared::ReadFailures;
 use super::{Shared, lock};
 use crate::buffer::Record;
 use crate::buffer::segment::{Scanned, Scanner};
@@ -17,9 +19,13 @@ use crate::error::{Error, Result};
 
 /// A position hint is kept about every this many bytes scanned.
 const HINT_SPACING: u64 = 1 << 20;
-/// Consecutive failed reads of one segment before its remaining records
-/// are given up as lost (a bad sector must not stall delivery forever).
+/// Failed reads of one segment in a row, over at least [`READ_GIVE_UP`],
+/// before its remaining records are given up as lost: a bad sector must
+/// not stall delivery for ever, and a passing error must not lose a
+/// segment of acknowledged events (the shipper retries every few hundred
+/// milliseconds, so a count alone was reached in a second).
 const MAX_READ_FAILURES: u32 = 3;
+pub(super) const READ_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What to scan next, from a snapshot of the state.
 struct Plan {
@@ -44,7 +50,10 @@ pub(super) fn read(
     let mut from = from_seq;
     while let Some(plan) = next_plan(shared, &mut from)? {
         let path = shared.segment_path(plan.segment);
-        let file = match open(&path, plan.end) {
+        let opened = shared.faults.check(Fault::Read).and_then(|()| {
+            shared.faults.check(Fault::ReadBusy).and_then(|()| open(&path, plan.end))
+        });
+        let file = match opened {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if segment_vanished(shared, &plan, from, &path) {
@@ -177,9 +186,11 @@ fn segment_vanished(shared: &Shared, plan: &Plan, from: u64, path: &Path) -> boo
 }
 
 /// A read failed. Counted; the caller gets a retryable error (or the
-/// records read so far: returns false). After repeated failures on the
-/// same (non-tail) segment its remaining records are counted as lost and
-/// the segment is skipped from then on (returns true: go on).
+/// records read so far: returns false). After failures on the same
+/// (non-tail) segment for [`READ_GIVE_UP`] its remaining records are
+/// counted as lost and the segment is skipped from then on (returns true:
+/// go on). Errors that say the process, not the file, is short of
+/// something (descriptors, memory) never count toward that.
 fn read_failed(
     shared: &Shared,
     plan: &Plan,
@@ -190,12 +201,23 @@ fn read_failed(
 ) -> Result<bool> {
     let mut state = lock(&shared.state);
     state.io_errors_total += 1;
+    // EMFILE, ENFILE, ENOMEM, EAGAIN, EINTR.
+    let passing = matches!(e.raw_os_error(), Some(24 | 23 | 12 | 11 | 4))
+        || matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::OutOfMemory);
     let failures = match state.read_failures {
-        Some((segment, n)) if segment == plan.segment => n + 1,
-        _ => 1,
+        _ if passing => None,
+        Some(f) if f.segment == plan.segment => Some(ReadFailures { count: f.count + 1, ..f }),
+        _ => {
+            Some(ReadFailures { segment: plan.segment, count: 1, since: std::time::Instant::now() })
+        }
     };
-    state.read_failures = Some((plan.segment, failures));
-    if failures >= MAX_READ_FAILURES && !plan.is_tail {
+    if let Some(failures) = failures {
+        state.read_failures = Some(failures);
+    }
+    let given_up = failures.is_some_and(|f| {
+        f.count >= MAX_READ_FAILURES && f.since.elapsed() >= READ_GIVE_UP && !plan.is_tail
+    });
+    if given_up {
         state.read_failures = None;
         let lost = state.count_corrupt(from, plan.upper - 1);
         // Forget the segment (the file stays for inspection) so that no
@@ -208,6 +230,7 @@ fn read_failed(
         return Ok(true);
     }
     drop(state);
+    let failures = failures.map_or(0, |f| f.count);
     tracing::warn!(path = %path.display(), error = %e, failures, "cannot read segment");
     if nothing_read { Err(Error::io("read segment", path, e)) } else { Ok(false) }
 }

@@ -61,8 +61,17 @@ pub(super) struct State {
     pub(super) last_error: Option<String>,
     /// Appends waiting for space under `block`.
     pub(super) blocked_appends: usize,
-    /// Consecutive read failures: (segment, count).
-    pub(super) read_failures: Option<(u64, u32)>,
+    /// Consecutive read failures of one segment.
+    pub(super) read_failures: Option<ReadFailures>,
+}
+
+/// Reads of one segment failing in a row.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadFailures {
+    pub segment: u64,
+    pub count: u32,
+    /// When the first of them failed.
+    pub since: std::time::Instant,
 }
 
 impl State {
