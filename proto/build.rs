@@ -22,6 +22,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
 
     tonic_prost_build::configure()
+        // prost's codec, bounds checked before decoding (src/codec.rs).
+        .codec_path("crate::codec::BoundedCodec")
         .build_server(true)
         .build_client(true)
         .emit_rerun_if_changed(false)

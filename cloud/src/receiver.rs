@@ -48,8 +48,7 @@ use crate::store::{NewEvent, Store};
 use crate::telemetry::Metrics;
 use crate::usage::{QuotaHold, Usage};
 
-/// Most events in one batch.
-pub const MAX_BATCH_EVENTS: usize = 10_000;
+pub use opgraph_proto::codec::MAX_BATCH_EVENTS;
 const MAX_GATEWAY_ID_LEN: usize = 200;
 const MAX_EVENT_ID_LEN: usize = 64;
 /// The highest sequence a batch may carry: what the stores hold

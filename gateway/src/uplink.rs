@@ -230,8 +230,8 @@ impl Default for UplinkConfig {
     }
 }
 
-/// The cloud's batch limit (`receiver::MAX_BATCH_EVENTS`).
-pub const MAX_BATCH_EVENTS: usize = 10_000;
+/// The cloud's batch limit.
+pub use opgraph_proto::codec::MAX_BATCH_EVENTS;
 /// Largest `batch_max_bytes`: well inside the cloud's frame limit even
 /// before compression.
 pub const MAX_BATCH_BYTES: u64 = 8 * 1024 * 1024;

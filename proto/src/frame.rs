@@ -95,9 +95,13 @@ pub fn encode_batch(batch: &impl Message, level: i32) -> std::io::Result<Vec<u8>
     Ok(frame(FrameKind::Batch, &body))
 }
 
+/// A batch frame's body: decompressed (at most [`MAX_BATCH_BYTES`]), its
+/// events counted ([`crate::codec::Admit`]), then decoded.
 pub fn decode_batch(body: &[u8]) -> Result<pb::Batch, FrameError> {
+    use crate::codec::Admit;
     let raw = zstd::bulk::decompress(body, MAX_BATCH_BYTES)
         .map_err(|e| FrameError::Decompress(e.to_string()))?;
+    pb::Batch::admit(&raw).map_err(FrameError::Decode)?;
     pb::Batch::decode(raw.as_slice()).map_err(|e| FrameError::Decode(e.to_string()))
 }
 

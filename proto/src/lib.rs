@@ -19,6 +19,8 @@
 //! - [`ids`]: `evt_...`-style ids (ULID-shaped) that cloud and gateway mint.
 //! - [`encoded_batch`]: a `Batch` whose events stay encoded, as a gateway's
 //!   buffer holds them, for the uplinks to send without decoding them.
+//! - [`codec`]: the gRPC codec, which checks a batch's event count before
+//!   decoding it ([`codec::MAX_BATCH_EVENTS`]).
 //! - [`frame`]: the QUIC uplink's framing of those messages (kind, length,
 //!   zstd-compressed batches), bounded against hostile peers.
 //! - [`datetime`]: RFC 3339 date-times and calendar days, for device and
@@ -29,6 +31,7 @@
 //! No I/O and no clocks: callers pass the receive time (`now_ms`) in, also
 //! to [`ids::new_id_at`].
 
+pub mod codec;
 pub mod convert;
 pub mod datetime;
 pub mod dir_lock;

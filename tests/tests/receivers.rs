@@ -321,6 +321,19 @@ async fn grpc_refuses_bad_credentials_and_bad_batches() {
     let metrics = cloud.metrics().await.unwrap();
     assert!(metrics.contains("reason=\"batch_rejected\"} 6"), "{metrics}");
     assert!(metrics.contains("reason=\"invalid_event\"} 1"), "{metrics}");
+
+    // Past the event limit: refused as it arrives, before it is decoded
+    // (the codec counts the events in the raw bytes), nothing stored.
+    let seqs: Vec<u64> = (4..=10_004).collect();
+    let too_many = batch("gw-x", e, (4, 10_004), &seqs);
+    let stream = tokio_stream::iter([too_many]);
+    let refused = match client.send(authed(stream, &cloud.key)).await {
+        Ok(acks) => acks.into_inner().message().await.unwrap_err(),
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("10001 events"), "{refused:?}");
+    assert_eq!(stored_ids(&cloud).await, ids([1, 3, 100]));
 }
 
 /// A gateway clock that is decades off does not date its events: a
@@ -514,6 +527,20 @@ async fn quic_commits_batches_on_parallel_streams_and_refuses_bad_frames() {
         let ack = quic_send(&connection, &bad).await;
         assert_eq!(ack.status, REJECTED, "{ack:?}");
     }
+    // An event bomb: 32 MiB of empty events, 16 million of them, each two
+    // bytes on the wire and hundreds in memory once decoded. Counted in
+    // the raw bytes and refused; decoded first, they took gigabytes.
+    let pid = cloud.process.child.id().unwrap();
+    let (before, _) = opgraph_tests::bench::rss_mb(pid);
+    let empties = zstd::bulk::compress(&[0x2a, 0x00].repeat(16 << 20), 3).unwrap();
+    let mut event_bomb = vec![FrameKind::Batch as u8];
+    event_bomb.extend_from_slice(&(empties.len() as u32).to_be_bytes());
+    event_bomb.extend_from_slice(&empties);
+    let ack = quic_send(&connection, &event_bomb).await;
+    assert_eq!(ack.status, REJECTED, "{ack:?}");
+    assert!(ack.error.contains("events exceed"), "{ack:?}");
+    let (after, _) = opgraph_tests::bench::rss_mb(pid);
+    assert!(after - before < 500.0, "RSS grew from {before:.0} MB to {after:.0} MB");
     // The connection still works after all that.
     let ack = quic_send(
         &connection,
