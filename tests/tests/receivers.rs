@@ -597,9 +597,86 @@ async fn quic_closes_unauthenticated_connections() {
         }
         other => panic!("expected an application close, got {other:?}"),
     }
+    // Nor a SessionOpen past 64 KiB: it is not read further, let alone
+    // authenticated.
+    let (_endpoint, connection) = quic_connect(&cloud).await;
+    assert!(quic_session(&connection, &"k".repeat(100_000), "gw-z").await.is_err());
+    match connection.closed().await {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(u64::from(close.error_code), 400)
+        }
+        other => panic!("expected an application close, got {other:?}"),
+    }
     // A batch before any session is not accepted either.
     let (_endpoint, connection) = quic_connect(&cloud).await;
     let bytes = frame::encode_batch(&batch("gw-z", 1, (1, 1), &[1]), 1).unwrap();
     assert!(exchange(&connection, &bytes).await.is_err());
     assert!(stored_ids(&cloud).await.is_empty());
+}
+
+/// An ingest key, created with the bootstrap key: (key, id).
+async fn ingest_key(cloud: &Cloud) -> (String, String) {
+    let created: Value = cloud
+        .http()
+        .post(cloud.at("/api/keys"))
+        .bearer_auth(&cloud.key)
+        .json(&json!({"name": "gateway", "scopes": ["ingest"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["apiKey"].as_str().unwrap().to_owned();
+    (key, created["key"]["id"].as_str().unwrap().to_owned())
+}
+
+async fn revoke(cloud: &Cloud, id: &str) {
+    let response =
+        cloud.http().delete(cloud.at(&format!("/api/keys/{id}"))).bearer_auth(&cloud.key).send();
+    assert_eq!(response.await.unwrap().status(), reqwest::StatusCode::NO_CONTENT);
+}
+
+/// A session outlives many requests: a key revoked while it is open stops
+/// working at the next batch, on both receivers (they authenticated once,
+/// at the start, and a revoked gateway key went on writing until the
+/// gateway reconnected).
+#[tokio::test]
+async fn a_key_revoked_mid_session_stops_at_the_next_batch() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+
+    let (key, id) = ingest_key(&cloud).await;
+    let mut client = grpc(&cloud).await;
+    let e = hello(&mut client, &key, "gw-r").await.epoch;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut acks = client.send(authed(stream, &key)).await.unwrap().into_inner();
+    tx.send(batch("gw-r", e, (1, 1), &[1])).await.unwrap();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!((ack.status, ack.acked_sequence), (OK, 1));
+    revoke(&cloud, &id).await;
+    tx.send(batch("gw-r", e, (2, 2), &[2])).await.unwrap();
+    let refused = acks.message().await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert_eq!(stored_ids(&cloud).await, ids([1]));
+
+    let (key, id) = ingest_key(&cloud).await;
+    let (_endpoint, connection) = quic_connect(&cloud).await;
+    let e = quic_session(&connection, &key, "gw-rq").await.unwrap().epoch;
+    let mut first = batch("gw-rq", e, (1, 1), &[1]);
+    first.events[0].id = "evt_test00000000000000000010".into();
+    let ack = quic_send(&connection, &frame::encode_batch(&first, 1).unwrap()).await;
+    assert_eq!((ack.status, ack.acked_sequence), (OK, 1));
+    revoke(&cloud, &id).await;
+    let mut second = batch("gw-rq", e, (2, 2), &[2]);
+    second.events[0].id = "evt_test00000000000000000011".into();
+    let sent = exchange(&connection, &frame::encode_batch(&second, 1).unwrap()).await;
+    assert!(sent.is_err(), "answered after the revocation: {sent:?}");
+    match connection.closed().await {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(u64::from(close.error_code), 401)
+        }
+        other => panic!("expected an application close, got {other:?}"),
+    }
+    assert_eq!(stored_ids(&cloud).await, ids([1, 10]));
 }

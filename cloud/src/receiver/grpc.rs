@@ -69,6 +69,14 @@ impl Ingest for GrpcReceiver {
         request: Request<Streaming<pb::Batch>>,
     ) -> Result<Response<Self::SendStream>, Status> {
         let principal = self.principal(&request).await?;
+        // Checked again at every batch: a stream lives as long as its
+        // gateway, and a key revoked meanwhile must stop working.
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
         let mut batches = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
         let receiver = Arc::clone(&self.receiver);
@@ -121,6 +129,13 @@ impl Ingest for GrpcReceiver {
                         return;
                     }
                 };
+                if let Err(e) = receiver.authenticate(&authorization).await {
+                    tracing::warn!(error = %e, "a gateway's credential stopped working mid-stream");
+                    if drain(&mut in_flight, &tx).await {
+                        let _ = tx.send(Err(status(e))).await;
+                    }
+                    return;
+                }
                 match receiver.prepare(batch) {
                     Prepared::Answered(ack) => in_flight.answered(ack, ()),
                     Prepared::Ready(ready) if ready.joins(tail) => {

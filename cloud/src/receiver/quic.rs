@@ -27,6 +27,9 @@ use crate::auth::Principal;
 
 /// Batches a gateway may have in flight on one connection.
 const MAX_STREAMS: u32 = 64;
+/// Largest SessionOpen frame (a key and a Hello: a few hundred bytes),
+/// read before the connection is authenticated.
+const MAX_SESSION_OPEN_BYTES: usize = 64 * 1024;
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Application close codes, so a gateway knows why it was dropped.
 pub const CLOSE_UNAUTHORIZED: u32 = 401;
@@ -45,7 +48,9 @@ pub fn start(
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(crypto)?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
-    transport.max_concurrent_bidi_streams(MAX_STREAMS.into());
+    // One stream, the session's, until the connection is authenticated:
+    // a stranger's connection must not hold a receive window per stream.
+    transport.max_concurrent_bidi_streams(1u32.into());
     transport.max_concurrent_uni_streams(0u32.into());
     transport.max_idle_timeout(Some(Duration::from_secs(30).try_into()?));
     config.transport_config(Arc::new(transport));
@@ -80,8 +85,11 @@ pub fn start(
 /// Reads one whole frame: the peer finishes the stream after it. Reading to
 /// the end with a bound grows the buffer only as bytes arrive, so a peer
 /// that announces a large frame and stalls costs nothing.
-async fn read_frame(recv: &mut quinn::RecvStream) -> anyhow::Result<(FrameKind, Vec<u8>)> {
-    let mut bytes = recv.read_to_end(HEADER_LEN + frame::MAX_FRAME_BYTES).await?;
+async fn read_frame(
+    recv: &mut quinn::RecvStream,
+    max: usize,
+) -> anyhow::Result<(FrameKind, Vec<u8>)> {
+    let mut bytes = recv.read_to_end(HEADER_LEN + max).await?;
     let header: [u8; HEADER_LEN] = bytes
         .get(..HEADER_LEN)
         .and_then(|h| h.try_into().ok())
@@ -98,6 +106,9 @@ async fn read_frame(recv: &mut quinn::RecvStream) -> anyhow::Result<(FrameKind, 
 /// batches start ([`Tail`]).
 struct Session {
     principal: Principal,
+    /// The credential, checked again at every batch: a key revoked while
+    /// the connection is open must stop working.
+    authorization: String,
     gateway: String,
     start: Tail,
 }
@@ -107,7 +118,15 @@ async fn open_session(
     receiver: &Receiver,
 ) -> anyhow::Result<Session> {
     let (mut send, mut recv) = tokio::time::timeout(OPEN_TIMEOUT, connection.accept_bi()).await??;
-    let (kind, body) = tokio::time::timeout(OPEN_TIMEOUT, read_frame(&mut recv)).await??;
+    let opening = read_frame(&mut recv, MAX_SESSION_OPEN_BYTES);
+    let (kind, body) = match tokio::time::timeout(OPEN_TIMEOUT, opening).await? {
+        Ok(frame) => frame,
+        Err(e) => {
+            receiver.metrics.reject("bad_frame");
+            connection.close(CLOSE_BAD_SESSION.into(), b"unreadable SessionOpen");
+            return Err(e);
+        }
+    };
     let open = match kind {
         FrameKind::SessionOpen => frame::decode_message::<pb::SessionOpen>(&body)?,
         other => {
@@ -126,10 +145,17 @@ async fn open_session(
     let hello = open.hello.unwrap_or_default();
     match receiver.hello(&principal, &hello).await {
         Ok(response) => {
+            // Before the answer: a gateway opens its batch streams on it.
+            connection.set_max_concurrent_bi_streams(MAX_STREAMS.into());
             send.write_all(&frame::encode_message(FrameKind::HelloResponse, &response)).await?;
             send.finish()?;
             let start = (response.epoch, response.acked_sequence);
-            Ok(Session { principal, gateway: hello.gateway_id, start })
+            Ok(Session {
+                principal,
+                authorization: open.authorization,
+                gateway: hello.gateway_id,
+                start,
+            })
         }
         Err(e) => {
             connection.close(CLOSE_BAD_SESSION.into(), e.to_string().as_bytes());
@@ -146,6 +172,7 @@ async fn connection(
     let connection = incoming.await?;
     let session = open_session(&connection, &receiver).await?;
     let principal = Arc::new(session.principal.clone());
+    let authorization: Arc<str> = Arc::from(session.authorization.as_str());
     let gateway: Arc<str> = Arc::from(session.gateway.as_str());
     let streams = tokio_util::task::TaskTracker::new();
     let (handovers, to_sequencer) = mpsc::channel(MAX_STREAMS as usize);
@@ -158,17 +185,19 @@ async fn connection(
                 Err(_) => break,
             },
         };
-        let (receiver, principal, connection, handovers, gateway) = (
+        let (receiver, principal, connection, handovers, gateway, authorization) = (
             Arc::clone(&receiver),
             Arc::clone(&principal),
             connection.clone(),
             handovers.clone(),
             Arc::clone(&gateway),
+            Arc::clone(&authorization),
         );
         streams.spawn(async move {
             let stream = BatchStream {
                 receiver: &receiver,
                 principal: &principal,
+                authorization: &authorization,
                 gateway: &gateway,
                 handovers,
             };
@@ -188,6 +217,7 @@ async fn connection(
 struct BatchStream<'a> {
     receiver: &'a Arc<Receiver>,
     principal: &'a Principal,
+    authorization: &'a str,
     /// The gateway whose session the connection opened.
     gateway: &'a str,
     handovers: mpsc::Sender<Handover>,
@@ -200,7 +230,12 @@ impl BatchStream<'_> {
         mut recv: quinn::RecvStream,
         connection: &quinn::Connection,
     ) -> anyhow::Result<()> {
-        let decoded = match read_frame(&mut recv).await {
+        if let Err(e) = self.receiver.authenticate(self.authorization).await {
+            tracing::warn!(error = %e, "a gateway's credential stopped working mid-session");
+            connection.close(CLOSE_UNAUTHORIZED.into(), e.to_string().as_bytes());
+            return Ok(());
+        }
+        let decoded = match read_frame(&mut recv, frame::MAX_FRAME_BYTES).await {
             Ok((FrameKind::Batch, body)) => frame::decode_batch(&body).map_err(anyhow::Error::from),
             Ok((other, _)) => Err(anyhow::anyhow!("expected a Batch frame, got {other:?}")),
             Err(e) => Err(e),
