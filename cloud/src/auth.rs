@@ -116,7 +116,16 @@ pub fn key_hint(key: &str) -> String {
 /// at once, and other nodes see it within `KEY_CACHE_TTL`.
 pub struct Authenticator {
     jwt: Option<jwt::JwtVerifier>,
-    cache: Mutex<HashMap<String, (Instant, Option<ApiKeyRecord>)>>,
+    cache: Mutex<KeyCache>,
+}
+
+/// Key records by hash, read at an instant, and how often the cache was
+/// cleared: a lookup that read the store before a clear must not put what
+/// it read back after it (a key revoked meanwhile would pass again).
+#[derive(Default)]
+struct KeyCache {
+    records: HashMap<String, (Instant, Option<ApiKeyRecord>)>,
+    clears: u64,
 }
 
 const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
@@ -124,7 +133,7 @@ const KEY_CACHE_MAX: usize = 10_000;
 
 impl Authenticator {
     pub fn new(jwt: Option<jwt::JwtVerifier>) -> Self {
-        Authenticator { jwt, cache: Mutex::new(HashMap::new()) }
+        Authenticator { jwt, cache: Mutex::new(KeyCache::default()) }
     }
 
     pub fn jwt_mode(&self) -> Option<&'static str> {
@@ -133,7 +142,8 @@ impl Authenticator {
 
     pub fn forget_cached_keys(&self) {
         if let Ok(mut cache) = self.cache.lock() {
-            cache.clear();
+            cache.records.clear();
+            cache.clears += 1;
         }
     }
 
@@ -192,18 +202,25 @@ impl Authenticator {
             return Ok(None);
         }
         let hash = hash_key(key);
-        if let Ok(cache) = self.cache.lock()
-            && let Some((at, record)) = cache.get(&hash)
-            && at.elapsed() < KEY_CACHE_TTL
-        {
-            return Ok(record.clone());
-        }
-        let record = store.find_api_key(&hash).await?;
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.len() >= KEY_CACHE_MAX {
-                cache.clear();
+        let clears = match self.cache.lock() {
+            Ok(cache) => {
+                if let Some((at, record)) = cache.records.get(&hash)
+                    && at.elapsed() < KEY_CACHE_TTL
+                {
+                    return Ok(record.clone());
+                }
+                Some(cache.clears)
             }
-            cache.insert(hash, (Instant::now(), record.clone()));
+            Err(_) => None,
+        };
+        let record = store.find_api_key(&hash).await?;
+        if let Ok(mut cache) = self.cache.lock()
+            && Some(cache.clears) == clears
+        {
+            if cache.records.len() >= KEY_CACHE_MAX {
+                cache.records.clear();
+            }
+            cache.records.insert(hash, (Instant::now(), record.clone()));
         }
         Ok(record)
     }

@@ -178,6 +178,10 @@ async fn flush_usage(state: AppState, shutdown: CancellationToken) {
 /// operator key, printed once and saved (mode 0600) in the data directory.
 /// With a configured bootstrap key, that key is (re)registered instead, so a
 /// deployment can know its key in advance.
+/// Keys of the default workspace looked through for earlier bootstrap
+/// keys at start.
+const MAX_KEYS_SCANNED: usize = 100_000;
+
 async fn bootstrap(config: &Config, store: &dyn Store) -> anyhow::Result<()> {
     let fresh = store.count_workspaces().await? == 0;
     if fresh {
@@ -205,7 +209,17 @@ async fn bootstrap(config: &Config, store: &dyn Store) -> anyhow::Result<()> {
         created_at: crate::now_ms(),
         revoked_at: None,
     };
-    store.insert_api_key(NewApiKey { record, hash: auth::hash_key(&key) }).await?;
+    let current = store.insert_api_key(NewApiKey { record, hash: auth::hash_key(&key) }).await?;
+    // Only the bootstrap key holds `operator`: a key configured anew (a
+    // rotation, after a leak say) replaces the one before, which must stop
+    // working rather than live on beside it.
+    for old in store.list_api_keys(DEFAULT_WORKSPACE, MAX_KEYS_SCANNED).await? {
+        let operator = old.scopes.contains(&Scope::Operator);
+        if operator && old.id != current.id && old.revoked_at.is_none() {
+            store.revoke_api_key(DEFAULT_WORKSPACE, &old.id).await?;
+            tracing::warn!(key = %old.hint, "an earlier bootstrap operator key is revoked: another one is configured");
+        }
+    }
     if config.auth.bootstrap_key.is_none() {
         let path = config.store.data_dir.join(BOOTSTRAP_KEY_FILE);
         write_secret(&path, &key)?;

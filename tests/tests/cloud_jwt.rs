@@ -117,6 +117,9 @@ async fn hs256_tokens_and_every_negative() {
         ("no expiry", hs(&claims(json!({"exp": null})))),
         ("wrong issuer", hs(&claims(json!({"iss": "https://evil.test"})))),
         ("wrong audience", hs(&claims(json!({"aud": "someone-else"})))),
+        // Configured issuer and audience must be there, not merely not wrong.
+        ("no issuer", hs(&claims(json!({"iss": null})))),
+        ("no audience", hs(&claims(json!({"aud": null})))),
         (
             "bad signature",
             token(

@@ -155,6 +155,17 @@ async fn first_start_prints_and_saves_a_working_operator_key() {
     // A restart keeps the workspace and prints no new key.
     let process = Process::start("opgraph-cloud", &[], &env, &["http"]).await.unwrap();
     assert!(process.banner.iter().all(|l| !l.starts_with("bootstrap api key")));
+    process.terminate().await.unwrap();
+
+    // A key configured anew replaces it: the old one stops working.
+    let rotated = "og_rotatedrotatedrotated0001";
+    let mut env = env.to_vec();
+    env.push(("OPGRAPH_BOOTSTRAP_KEY", rotated.to_owned()));
+    let process = Process::start("opgraph-cloud", &[], &env, &["http"]).await.unwrap();
+    let keys = format!("http://{}/api/keys", process.addrs["http"]);
+    let status = |key: &str| reqwest::Client::new().get(&keys).bearer_auth(key).send();
+    assert_eq!(status(rotated).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(status(&key).await.unwrap().status(), StatusCode::UNAUTHORIZED);
 }
 
 /// A unit file of `deploy/systemd/`.

@@ -120,6 +120,13 @@ impl JwtVerifier {
             Some(aud) => validation.set_audience(&[aud]),
             None => validation.validate_aud = false,
         }
+        // jsonwebtoken checks `iss` and `aud` only when the token carries
+        // them: a configured one must be there, or a token the same
+        // provider minted for another service would pass.
+        let mut required = vec!["exp"];
+        required.extend(self.issuer.as_ref().map(|_| "iss"));
+        required.extend(self.audience.as_ref().map(|_| "aud"));
+        validation.set_required_spec_claims(&required);
         let data = decode::<RawClaims>(token, &key, &validation).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind;
             Error::Unauthorized(match e.kind() {
@@ -128,6 +135,8 @@ impl JwtVerifier {
                 ErrorKind::InvalidIssuer => "token issuer not accepted",
                 ErrorKind::InvalidAudience => "token audience not accepted",
                 ErrorKind::InvalidSignature => "token signature invalid",
+                ErrorKind::MissingRequiredClaim(claim) if claim == "iss" => "token has no issuer",
+                ErrorKind::MissingRequiredClaim(claim) if claim == "aud" => "token has no audience",
                 _ => "invalid token",
             })
         })?;
