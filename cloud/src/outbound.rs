@@ -8,7 +8,7 @@
 //! (or, with a CA file, only that CA) are read each time: pushes are rare
 //! and this keeps a rotated CA file effective without a restart.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,16 +71,33 @@ pub fn is_public(ip: IpAddr) -> bool {
                 || a >= 240)
         }
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            let s = v6.segments();
+            // IPv4 carried in IPv6 is judged as that IPv4 address: mapped
+            // (::ffff:a.b.c.d), compatible (::a.b.c.d), NAT64 (64:ff9b::/96
+            // and 64:ff9b:1::/48) and 6to4 (2002:AABB:CCDD::). A NAT64
+            // gateway turns 64:ff9b::a00:5 into 10.0.0.5.
+            let low = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+            let embedded = match s {
+                [0, 0, 0, 0, 0, 0xffff, hi, lo] | [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => {
+                    Some(low(hi, lo))
+                }
+                [0, 0, 0, 0, 0, 0, hi, lo] if (hi, lo) > (0, 1) => Some(low(hi, lo)),
+                [0x64, 0xff9b, 1, ..] => Some(low(s[6], s[7])),
+                [0x2002, hi, lo, ..] => Some(low(hi, lo)),
+                _ => None,
+            };
+            if let Some(v4) = embedded {
                 return is_public(IpAddr::V4(v4));
             }
-            let first = v6.segments()[0];
+            let first = s[0];
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
-                || (first == 0x2001 && v6.segments()[1] == 0x0db8))
+                // Teredo (2001::/32) hides its IPv4 server and client.
+                || (first == 0x2001 && s[1] == 0)
+                || (first == 0x2001 && s[1] == 0x0db8))
         }
     }
 }
@@ -283,10 +300,25 @@ mod tests {
             "2001:db8::1",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            "::10.0.0.5",
+            "64:ff9b::a00:5",
+            "64:ff9b::127.0.0.1",
+            "64:ff9b:1::a9fe:a9fe",
+            "2002:a00:5::1",
+            "2002:7f00:1::",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
         ] {
             assert!(!is_public(private.parse().unwrap()), "{private}");
         }
-        for public in ["1.1.1.1", "8.8.8.8", "100.128.0.1", "2606:4700::1111", "::ffff:1.1.1.1"] {
+        for public in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "::ffff:1.1.1.1",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+        ] {
             assert!(is_public(public.parse().unwrap()), "{public}");
         }
     }

@@ -607,6 +607,11 @@ async fn each_connector_maps_and_resync_updates_without_duplicating(backend: Bac
     );
     let acme = loads.iter().find(|l| l["provider"] == "acme_erp").unwrap();
     assert_eq!([&acme["syncs"], &acme["ingested"], &acme["updated"]], [3, 2, 1]);
+    // Like every list, bounded by `limit` (any provider name is a generic
+    // connector, so their number is the callers' to grow).
+    let (status, usage) = api.get("/api/usage?limit=1").await;
+    assert_eq!(status, StatusCode::OK, "{usage}");
+    assert_eq!(usage["connectors"].as_array().unwrap().len(), 1, "{usage}");
 }
 
 async fn rejected_records_are_reported_by_index_and_the_rest_stored(backend: Backend) {

@@ -266,10 +266,14 @@ fn bucket(config: &Map<String, Value>, kind: &str) -> Result<Bucket> {
         return Err(Error::validation("config.region", "a region looks like `eu-west-1`"));
     }
     let prefix = text("prefix").unwrap_or_default();
-    if prefix.len() > 512 || prefix.starts_with('/') {
+    // A `.` or `..` segment would be resolved away in the request's URL:
+    // the object would land elsewhere than the receipt says (another
+    // bucket, with a path-style endpoint).
+    let dotted = prefix.split('/').any(|segment| segment == "." || segment == "..");
+    if prefix.len() > 512 || prefix.starts_with('/') || dotted {
         return Err(Error::validation(
             "config.prefix",
-            "a prefix is at most 512 bytes, without a leading `/`",
+            "a prefix is at most 512 bytes, without a leading `/` or `.`/`..` segments",
         ));
     }
     let endpoint = match endpoint_base(config)? {
@@ -633,6 +637,20 @@ mod tests {
         let s3 = config(json!({"bucket": "logs", "accessKeyId": "A", "secretAccessKey": "s"}));
         let s3 = bucket(&s3, "s3").map_err(|e| e.to_string()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(s3.url("k.json"), "https://logs.s3.us-east-1.amazonaws.com/k.json");
+        // Dot segments would be resolved away: another bucket than the
+        // receipt names.
+        for prefix in ["../other-bucket/", "a/./b/", "a/.."] {
+            let dotted = config(json!({"bucket": "logs", "accessKeyId": "A",
+                "secretAccessKey": "s", "prefix": prefix}));
+            let field = match bucket(&dotted, "s3") {
+                Err(Error::Validation { field, .. }) => field,
+                _ => None,
+            };
+            assert_eq!(field.as_deref(), Some("config.prefix"), "{prefix}");
+        }
+        let dots_inside = config(json!({"bucket": "logs", "accessKeyId": "A",
+            "secretAccessKey": "s", "prefix": "v1.2/..x/"}));
+        assert!(bucket(&dots_inside, "s3").is_ok());
     }
 
     #[test]

@@ -94,7 +94,7 @@ async fn gather(
             ..Default::default()
         };
         s.runs = store.runs(ws, &query).await?;
-        s.loads = store.connector_loads(ws, week.from).await?;
+        s.loads = store.connector_loads(ws, week.from, limit).await?;
         for status in [DecisionStatus::PendingApproval, DecisionStatus::Draft] {
             for d in store.list_decisions(ws, Some(status), 3).await? {
                 s.pending.push((d.id, d.title));
@@ -405,7 +405,7 @@ pub async fn usage(
     let totals = state.store.usage(ws, from, now).await?;
     let quota = state.usage.quota_config().monthly_event_quota;
     let quota = (quota > 0).then_some(quota);
-    let connectors = state.store.connector_loads(ws, from).await?;
+    let connectors = state.store.connector_loads(ws, from, limit).await?;
     let agents = state
         .store
         .actor_activity(ws, Range { from, to: now + 1 }, &AGENT_TYPES, None, limit)

@@ -441,7 +441,12 @@ pub trait QueryStore: Send + Sync {
         business_id: Option<&str>,
         limit: usize,
     ) -> Result<Vec<StoredEvent>>;
-    async fn connector_loads(&self, ws: &str, since: i64) -> Result<Vec<ConnectorLoad>>;
+    async fn connector_loads(
+        &self,
+        ws: &str,
+        since: i64,
+        limit: usize,
+    ) -> Result<Vec<ConnectorLoad>>;
     async fn business_exists(&self, ws: &str, business_id: &str) -> Result<bool>;
     /// Entities, the most recently seen first; only of `kind` when set.
     async fn list_entities(

@@ -405,12 +405,14 @@ pub(super) async fn loads(
     store: &ClickHouseStore,
     ws: &str,
     since: i64,
+    limit: usize,
 ) -> Result<Vec<ConnectorLoad>> {
     let sql = format!(
         "SELECT s_provider, count(), sum(s_received), sum(s_ingested), sum(s_updated),
             sum(s_rejected), max(s_created_at)
          FROM ({SYNCS_BY_ID} WHERE workspace_id = ? AND created_at >= ? GROUP BY id)
-         GROUP BY s_provider ORDER BY s_provider"
+         GROUP BY s_provider ORDER BY s_provider LIMIT {}",
+        super::governance::limit_arg(limit)
     );
     let rows: Vec<LoadRead> =
         run(store.client.query(&sql).bind(ws).bind(since).sent().fetch_all()).await?;
@@ -608,7 +610,7 @@ pub(super) mod tests {
                 .map(|s| (s.provider, s.received, s.ingested, s.updated, s.rejected))
                 .collect(),
             loads: store
-                .connector_loads(WS, 0)
+                .connector_loads(WS, 0, 100)
                 .await
                 .unwrap()
                 .into_iter()
@@ -745,10 +747,10 @@ pub(super) mod tests {
         };
         store.insert_rows::<SyncRow>("connector_syncs", &[row()]).await.unwrap();
         store.insert_rows::<SyncRow>("connector_syncs", &[row()]).await.unwrap();
-        let loads = store.connector_loads(WS, 0).await.unwrap();
+        let loads = store.connector_loads(WS, 0, 100).await.unwrap();
         assert_eq!((loads[0].syncs, loads[0].received, loads[0].rejected), (1, 2, 1));
         assert_eq!(store.list_connector_syncs(WS, 10).await.unwrap().len(), 1);
-        assert!(store.connector_loads(WS, once.created_at + 1).await.unwrap().is_empty());
+        assert!(store.connector_loads(WS, once.created_at + 1, 100).await.unwrap().is_empty());
     }
 
     #[tokio::test]

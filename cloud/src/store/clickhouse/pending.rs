@@ -51,8 +51,13 @@ impl QueryStore for ClickHouseStore {
     ) -> Result<Vec<StoredEvent>> {
         super::queries::proof_gaps(self, ws, range, business_id, limit).await
     }
-    async fn connector_loads(&self, ws: &str, since: i64) -> Result<Vec<ConnectorLoad>> {
-        super::connectors::loads(self, ws, since).await
+    async fn connector_loads(
+        &self,
+        ws: &str,
+        since: i64,
+        limit: usize,
+    ) -> Result<Vec<ConnectorLoad>> {
+        super::connectors::loads(self, ws, since, limit).await
     }
     async fn business_exists(&self, ws: &str, business_id: &str) -> Result<bool> {
         self.business_exists_impl(ws, business_id).await

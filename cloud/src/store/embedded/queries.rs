@@ -808,19 +808,25 @@ impl QueryStore for EmbeddedStore {
         self.read(move |conn| proof_gaps(conn, &ws, range, business.as_deref(), limit)).await
     }
 
-    async fn connector_loads(&self, ws: &str, since: i64) -> Result<Vec<ConnectorLoad>> {
+    async fn connector_loads(
+        &self,
+        ws: &str,
+        since: i64,
+        limit: usize,
+    ) -> Result<Vec<ConnectorLoad>> {
         let ws = ws.to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(
                     "SELECT provider, count(*), sum(received), sum(ingested), sum(updated),
                         sum(rejected), max(created_at)
                      FROM connector_syncs WHERE workspace_id = ?1 AND created_at >= ?2
-                     GROUP BY provider ORDER BY provider",
+                     GROUP BY provider ORDER BY provider LIMIT ?3",
                 )
                 .map_err(sql)?;
             let rows = stmt
-                .query_map(params![ws, since], |r| {
+                .query_map(params![ws, since, limit], |r| {
                     Ok(ConnectorLoad {
                         provider: r.get(0)?,
                         syncs: count(r.get(1)?),
