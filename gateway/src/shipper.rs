@@ -363,6 +363,9 @@ impl Shipper {
                 let (batch, undecodable) = ready.into_batch(&c.gateway_id, epoch);
                 if !undecodable.is_empty() {
                     tracing::error!(?undecodable, "buffer records that are not events: skipped");
+                    for _ in &undecodable {
+                        self.metrics.uplink_error("undecodable_record");
+                    }
                 }
                 let events = batch.len() as u64;
                 if let Err(e) = self.uplink.send(batch).await {

@@ -49,16 +49,17 @@ struct Running {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     status: watch::Receiver<UplinkStatus>,
+    metrics: Arc<Metrics>,
 }
 
 fn start(buffer: Arc<dyn Buffer>, cloud: &Arc<MemoryCloud>, config: ShipperConfig) -> Running {
     let metrics = Arc::new(Metrics::new(Arc::clone(&buffer)));
     let uplink = Box::new(MemoryUplink::new(Arc::clone(cloud)));
-    let shipper = Shipper::new(buffer, uplink, config, metrics);
+    let shipper = Shipper::new(buffer, uplink, config, Arc::clone(&metrics));
     let status = shipper.status();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(shipper.run(cancel.clone()));
-    Running { cancel, task, status }
+    Running { cancel, task, status, metrics }
 }
 
 impl Running {
@@ -179,6 +180,24 @@ async fn holes_from_dropped_records_are_covered_and_acknowledged() {
     assert_eq!(stored.len() as u64, 100 - dropped);
     assert_eq!(stored, ids[ids.len() - stored.len()..]);
     assert_eq!(buffer.stats().pending_records, 0);
+    running.stop().await;
+}
+
+/// A record that is not an event (a bug, or damage the buffer's checksum
+/// missed) is left out of its batch, its sequence covered like a hole,
+/// and counted, not only logged.
+#[tokio::test(start_paused = true)]
+async fn records_that_are_not_events_are_skipped_and_counted() {
+    let buffer: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let cloud = MemoryCloud::new();
+    let before = append(buffer.as_ref(), 0, 3).await;
+    buffer.append(vec![Bytes::from_static(&[0xff, 0xff, 0xff])]).await.unwrap();
+    let after = append(buffer.as_ref(), 3, 2).await;
+    let mut running = start(Arc::clone(&buffer), &cloud, config());
+    running.wait_acked(6).await;
+    assert_eq!(cloud.stored_ids(), [before, after].concat());
+    let reason = crate::telemetry::ReasonLabels { reason: "undecodable_record".into() };
+    assert_eq!(running.metrics.uplink_errors.get_or_create(&reason).get(), 1);
     running.stop().await;
 }
 
