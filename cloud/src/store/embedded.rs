@@ -479,7 +479,8 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     // The schema builds each replacement before the store opens; the
     // durations were measured at 10 M events.
     for (old, replacement, took) in [
-        ("events_trace", "events_trace_kind", "25 s"),
+        ("events_trace", "events_trace_own", "25 s"),
+        ("events_trace_kind", "events_trace_own", "25 s"),
         ("events_agents", "events_agent_actors", "14 s"),
     ] {
         if in_schema(conn, old)? {
@@ -1772,6 +1773,10 @@ mod writer_settings {
             "CREATE INDEX events_trace ON events (workspace_id, trace_id, ts);
              CREATE INDEX events_trace_trigger ON events (workspace_id, trace_id, ts)
                 WHERE event NOT LIKE 'governance.%';
+             DROP INDEX events_trace_own;
+             CREATE INDEX events_trace_kind
+                ON events (workspace_id, trace_id, event LIKE 'governance.%', ts)
+                WHERE trace_id IS NOT NULL;
              DROP INDEX events_agent_actors;
              CREATE INDEX events_agents ON events (workspace_id, actor_type, actor_id, ts, revenue)
                 WHERE actor_type IN ('agent', 'ai_agent', 'robot');",
@@ -1789,7 +1794,7 @@ mod writer_settings {
             .expect("query")
             .collect::<rusqlite::Result<_>>()
             .expect("index names");
-        assert_eq!(names, ["events_agent_actors", "events_trace_kind"]);
+        assert_eq!(names, ["events_agent_actors", "events_trace_own"]);
     }
 
     #[tokio::test]

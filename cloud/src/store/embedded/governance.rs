@@ -125,11 +125,12 @@ fn query_receipts(
 }
 
 /// A trace's newest event that the governance layer did not write. The
-/// `(event LIKE 'governance.%') = 0` term is written exactly as the middle
-/// column of `events_trace_kind` (schema.sql): that is what lets SQLite
-/// seek past the trace's receipt events instead of stepping over them.
+/// `(substr(event, 1, 11) = 'governance.') = 0` term is written exactly as
+/// the middle column of `events_trace_own` (schema.sql): that is what lets
+/// SQLite seek past the trace's receipt events instead of stepping over
+/// them. (Not LIKE, which ignores case.)
 const TRIGGER_OF_TRACE: &str = "SELECT id, trust_tier, envelope FROM events
-    WHERE workspace_id = ?1 AND trace_id = ?2 AND (event LIKE 'governance.%') = 0
+    WHERE workspace_id = ?1 AND trace_id = ?2 AND (substr(event, 1, 11) = 'governance.') = 0
     ORDER BY ts DESC, seq DESC LIMIT 1";
 
 fn trigger_event(
@@ -599,6 +600,13 @@ mod tests {
         let id: String =
             conn.query_row(TRIGGER_OF_TRACE, params!["ws_1", "tr-1"], |r| r.get(0)).unwrap();
         assert_eq!(id, "evt_b");
+        // A user's event that only looks like the layer's in another case
+        // is a trigger like any other (SQLite's LIKE would ignore case).
+        let later = vec![event("evt_c", "Governance.manual_override", t + 4)];
+        append_in_transaction(&conn, "ws_1", prepare_events(later), None).unwrap();
+        let id: String =
+            conn.query_row(TRIGGER_OF_TRACE, params!["ws_1", "tr-1"], |r| r.get(0)).unwrap();
+        assert_eq!(id, "evt_c");
 
         let plan: Vec<String> = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {TRIGGER_OF_TRACE}"))
@@ -609,7 +617,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             plan,
-            ["SEARCH events USING INDEX events_trace_kind \
+            ["SEARCH events USING INDEX events_trace_own \
               (workspace_id=? AND trace_id=? AND <expr>=?)"],
             "a seek on the index's governance column, no sort"
         );

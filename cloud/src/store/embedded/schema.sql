@@ -73,11 +73,15 @@ CREATE INDEX IF NOT EXISTS events_business_ts ON events (workspace_id, business_
 -- both, since trace ids are random keys: each entry dirties a leaf page of
 -- its own at every commit (a second trace index cost 10 % of single-event
 -- ingest).
-CREATE INDEX IF NOT EXISTS events_trace_kind
-    ON events (workspace_id, trace_id, event LIKE 'governance.%', ts) WHERE trace_id IS NOT NULL;
--- Replaced by events_trace_kind.
+-- The middle column compares the prefix as written: LIKE would ignore case
+-- and take a user's `Governance.review` for one of the layer's events.
+CREATE INDEX IF NOT EXISTS events_trace_own
+    ON events (workspace_id, trace_id, substr(event, 1, 11) = 'governance.', ts)
+    WHERE trace_id IS NOT NULL;
+-- Replaced by events_trace_own.
 DROP INDEX IF EXISTS events_trace;
 DROP INDEX IF EXISTS events_trace_trigger;
+DROP INDEX IF EXISTS events_trace_kind;
 CREATE INDEX IF NOT EXISTS events_trackable
     ON events (workspace_id, trackable_code, ts) WHERE trackable_code IS NOT NULL;
 
