@@ -110,6 +110,10 @@ async fn barcode_scanner_codes_arrive_exactly_and_survive_an_unplug() {
     let rejected = &health["sources"][0]["rejected"];
     assert_eq!(rejected["bad_check_digit"], 2, "{health}");
     assert_eq!(rejected["not_text"], 2, "{health}");
+    // A line is a message received, whatever reads brought it.
+    let source = &health["sources"][0];
+    let accepted = source["accepted_total"].as_u64().unwrap();
+    assert_eq!(source["received_total"].as_u64().unwrap(), accepted + 4, "{health}");
 
     // Unplugged: the line goes away; plugged in again: reading resumes.
     assert!(first.terminate().await.unwrap().success());

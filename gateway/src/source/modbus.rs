@@ -15,7 +15,7 @@
 //! reconnects with capped backoff), `crc` (an RTU reply with a wrong CRC,
 //! seen by [`rtu::CrcTap`]; the poll ends as for `io`, counted once as
 //! `crc`), `bad_value` (a value that is not a
-//! number JSON can carry). A reading the buffer cannot take is counted as
+//! number JSON can carry, or a reply too short for it). A reading the buffer cannot take is counted as
 //! dropped: the next poll reads the device again.
 
 pub mod rtu;

@@ -257,6 +257,9 @@ struct Decoder {
 struct Decoded {
     events: Vec<Mapped>,
     rejected: Vec<(&'static str, String)>,
+    /// Messages that ended in this push (lines; frames and stretches of
+    /// garbage), counted as received.
+    messages: u64,
 }
 
 impl Decoder {
@@ -274,6 +277,7 @@ impl Decoder {
     fn push(&mut self, bytes: &[u8], now: i64, device: &DeviceRef, out: &mut Decoded) {
         if self.protocol == Protocol::RfidBinary {
             for read in self.frames.push(bytes) {
+                out.messages += 1;
                 match read {
                     Ok(read) => smooth(self.smoother.observe(&read, now), device, out),
                     Err(e) => out.rejected.push((e.reason(), e.to_string())),
@@ -285,6 +289,7 @@ impl Decoder {
             if b != b'\r' && b != b'\n' {
                 if self.line.len() >= MAX_LINE {
                     if !self.skipping {
+                        out.messages += 1;
                         out.rejected.push(("line_too_long", format!("over {MAX_LINE} bytes")));
                     }
                     self.skipping = true;
@@ -300,6 +305,7 @@ impl Decoder {
                 continue; // the LF of a CR LF, or a blank line
             }
             let line = std::mem::take(&mut self.line);
+            out.messages += 1;
             self.line_done(&line, now, device, out);
         }
     }
@@ -329,6 +335,7 @@ impl Decoder {
     fn cut(&mut self, when: &str, out: &mut Decoded) {
         let cut = self.line.len() + self.frames.reset();
         if cut > 0 && !self.skipping {
+            out.messages += 1;
             out.rejected.push(("cut_off", format!("{cut} bytes of a line or frame {when}")));
         }
         self.line.clear();
@@ -426,7 +433,6 @@ impl Source for SerialSource {
                     read = AsyncReadExt::read(&mut port, &mut buf) => match read {
                         Ok(n) if n > 0 => {
                             let now = now_ms();
-                            health.received(now);
                             backoff.reset();
                             decoder.push(&buf[..n], now, &config.device, &mut decoded);
                         }
@@ -515,6 +521,9 @@ pub(super) async fn port_lost(
 /// Counts what was rejected and appends the events in one durable append.
 async fn deliver(intake: &Intake, decoded: Decoded, source: &str) {
     let now = now_ms();
+    for _ in 0..decoded.messages {
+        intake.health().received(now);
+    }
     for (reason, why) in decoded.rejected {
         intake.health().reject(reason, &why, now);
     }
@@ -552,6 +561,7 @@ mod tests {
         decoder.push(b"PALLET-00", 0, &device, &mut out);
         decoder.cut("when the port was lost", &mut out);
         decoder.push(b"]C10109506000134352\r\n", 1, &device, &mut out);
+        assert_eq!(out.messages, 2, "the line cut off, then the scan");
         assert_eq!(out.rejected.len(), 1);
         assert_eq!(out.rejected[0].0, "cut_off");
         assert_eq!(out.events.len(), 1);
