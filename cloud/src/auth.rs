@@ -202,27 +202,37 @@ impl Authenticator {
             return Ok(None);
         }
         let hash = hash_key(key);
-        let clears = match self.cache.lock() {
-            Ok(cache) => {
-                if let Some((at, record)) = cache.records.get(&hash)
-                    && at.elapsed() < KEY_CACHE_TTL
-                {
-                    return Ok(record.clone());
-                }
-                Some(cache.clears)
-            }
-            Err(_) => None,
+        let clears = match self.cached(&hash) {
+            Ok(record) => return Ok(record),
+            Err(clears) => clears,
         };
         let record = store.find_api_key(&hash).await?;
+        self.cache_read(hash, record.clone(), clears);
+        Ok(record)
+    }
+
+    /// The cached record of `hash` while fresh; else how often the cache
+    /// had been cleared before the store is read (`None`: unusable cache).
+    fn cached(&self, hash: &str) -> std::result::Result<Option<ApiKeyRecord>, Option<u64>> {
+        let Ok(cache) = self.cache.lock() else { return Err(None) };
+        match cache.records.get(hash) {
+            Some((at, record)) if at.elapsed() < KEY_CACHE_TTL => Ok(record.clone()),
+            _ => Err(Some(cache.clears)),
+        }
+    }
+
+    /// Caches what the store said of `hash`, unless the cache was cleared
+    /// since the read began (`clears` then differs): the read may predate
+    /// a revocation.
+    fn cache_read(&self, hash: String, record: Option<ApiKeyRecord>, clears: Option<u64>) {
         if let Ok(mut cache) = self.cache.lock()
             && Some(cache.clears) == clears
         {
             if cache.records.len() >= KEY_CACHE_MAX {
                 cache.records.clear();
             }
-            cache.records.insert(hash, (Instant::now(), record.clone()));
+            cache.records.insert(hash, (Instant::now(), record));
         }
-        Ok(record)
     }
 }
 
@@ -244,6 +254,31 @@ mod tests {
         assert!(!looks_like_api_key("og_short"));
         assert!(!looks_like_api_key("xx_0123456789012345678901"));
         assert!(!looks_like_api_key("og_01234567890123456789-!"));
+    }
+
+    /// A lookup that read the store before a revocation cleared the cache
+    /// must not put what it read back afterwards.
+    #[test]
+    fn a_read_that_predates_a_revocation_is_not_cached() {
+        let auth = Authenticator::new(None);
+        let record = ApiKeyRecord {
+            id: "key_1".into(),
+            workspace_id: "ws_1".into(),
+            name: "k".into(),
+            hint: "og_a".into(),
+            scopes: vec![Scope::Ingest],
+            created_at: 0,
+            revoked_at: None,
+        };
+        let Err(before) = auth.cached("h") else { panic!("nothing cached yet") };
+        auth.forget_cached_keys(); // the revocation, while the read runs
+        auth.cache_read("h".into(), Some(record.clone()), before);
+        assert!(auth.cached("h").is_err(), "the stale read was cached");
+        // A read that began after it is cached as usual.
+        let Err(after) = auth.cached("h") else { panic!("nothing cached yet") };
+        auth.cache_read("h".into(), Some(record.clone()), after);
+        let cached = auth.cached("h").ok().flatten().map(|r| r.id);
+        assert_eq!(cached.as_deref(), Some("key_1"));
     }
 
     #[test]
