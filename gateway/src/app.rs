@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::buffer::{Buffer, LogBuffer};
+use crate::buffer::{Buffer, LogBuffer, identity};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::http::{self, HttpState};
@@ -33,7 +33,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     // Certificates first: a bad file is a configuration error.
     let uplink = uplink::build(&config.uplink)?;
     let buffer: Arc<dyn Buffer> = Arc::new(LogBuffer::open(config.buffer.clone()).await?);
-    let buffer_id = buffer_instance_id(&config.buffer.dir)?;
+    let buffer_id = identity::load_or_create(&config.buffer.dir)?;
     let sources = match Sources::build(&config.sources, &buffer, &config.buffer) {
         Ok(sources) => sources,
         Err(e) => {
@@ -45,7 +45,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<()> {
     let shipper = Shipper::new(
         Arc::clone(&buffer),
         uplink,
-        ShipperConfig::new(&config.gateway_id, &buffer_id, &config.uplink),
+        ShipperConfig::new(
+            &config.gateway_id,
+            &buffer_id,
+            Some(config.buffer.dir.clone()),
+            &config.uplink,
+        ),
         Arc::clone(&metrics),
     );
     let status = shipper.status();
@@ -158,32 +163,4 @@ fn announce(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
-}
-
-const BUFFER_ID_FILE: &str = "buffer-id";
-
-/// The buffer directory's identity: made once, when the directory is new,
-/// and kept in it. The cloud uses it to tell a restarted buffer (whose
-/// sequences begin at 1 again) from a resumed one.
-fn buffer_instance_id(dir: &std::path::Path) -> Result<String> {
-    let path = dir.join(BUFFER_ID_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) if !text.trim().is_empty() && text.trim().len() <= 64 => {
-            return Ok(text.trim().to_owned());
-        }
-        Ok(_) => tracing::warn!(path = %path.display(), "unreadable buffer id: making a new one"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => return Err(Error::Io { op: "read", path, source }),
-    }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let id = opgraph_proto::ids::new_id_at("buf", now);
-    let tmp = dir.join(format!("{BUFFER_ID_FILE}.tmp"));
-    crate::durable::replace(&tmp, &path, id.as_bytes()).map_err(|source| Error::Io {
-        op: "write",
-        path: path.clone(),
-        source,
-    })?;
-    Ok(id)
 }

@@ -14,6 +14,7 @@
 //!   the model the log is checked against.
 
 mod cursor;
+pub mod identity;
 mod log;
 mod memory;
 mod segment;

@@ -16,6 +16,7 @@
 //! Nothing is acknowledged to the buffer before the cloud stored it.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::batch::Draft;
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, identity};
 use crate::error::Error;
 use crate::telemetry::Metrics;
 use crate::uplink::{PathStats, Uplink, UplinkConfig};
@@ -43,6 +44,10 @@ pub struct ShipperConfig {
     pub gateway_id: String,
     /// The buffer directory's instance id, sent with Hello.
     pub buffer_id: String,
+    /// Where that id is kept, so that it can be renewed
+    /// ([`crate::buffer::identity`]); `None` keeps a renewed id in memory
+    /// only (tests on an in-memory buffer).
+    pub buffer_dir: Option<PathBuf>,
     pub batch_max_events: usize,
     pub batch_max_bytes: usize,
     pub batch_linger: Duration,
@@ -54,10 +59,16 @@ pub struct ShipperConfig {
 }
 
 impl ShipperConfig {
-    pub fn new(gateway_id: &str, buffer_id: &str, uplink: &UplinkConfig) -> Self {
+    pub fn new(
+        gateway_id: &str,
+        buffer_id: &str,
+        buffer_dir: Option<PathBuf>,
+        uplink: &UplinkConfig,
+    ) -> Self {
         ShipperConfig {
             gateway_id: gateway_id.to_owned(),
             buffer_id: buffer_id.to_owned(),
+            buffer_dir,
             batch_max_events: uplink.batch_max_events.max(1),
             batch_max_bytes: usize::try_from(uplink.batch_max_bytes.as_u64())
                 .unwrap_or(usize::MAX)
@@ -137,15 +148,23 @@ pub struct Shipper {
     status: watch::Sender<UplinkStatus>,
     /// The uplink's path counters last copied into `metrics`.
     path_seen: PathStats,
+    /// The highest sequence number the cloud may know from this buffer:
+    /// what the buffer held when the shipper was built, or any batch it
+    /// sent since. A Hello acknowledging more means the buffer rolled back
+    /// behind the cloud (see [`Shipper::session`]).
+    known_upto: u64,
 }
 
 impl Shipper {
+    /// Build it before anything appends to `buffer` in this process (as
+    /// `app.rs` does): records already there count as possibly sent.
     pub fn new(
         buffer: Arc<dyn Buffer>,
         uplink: Box<dyn Uplink>,
         config: ShipperConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let known_upto = buffer.stats().next_seq.saturating_sub(1);
         let status = UplinkStatus {
             endpoint: uplink.endpoint().to_owned(),
             state: SessionState::Connecting,
@@ -163,6 +182,7 @@ impl Shipper {
             metrics,
             status: watch::channel(status).0,
             path_seen: PathStats::default(),
+            known_upto,
         }
     }
 
@@ -189,11 +209,6 @@ impl Shipper {
     /// with backoff as needed. Batches in flight at cancellation are
     /// abandoned: they stay in the buffer and go out after the restart.
     pub async fn run(mut self, cancel: CancellationToken) {
-        let hello = pb::HelloRequest {
-            gateway_id: self.config.gateway_id.clone(),
-            software_version: env!("CARGO_PKG_VERSION").to_owned(),
-            buffer_id: self.config.buffer_id.clone(),
-        };
         let mut backoff = Backoff::new(self.config.backoff_initial, self.config.backoff_max);
         let mut delay = None;
         let mut sessions = 0u64;
@@ -206,6 +221,12 @@ impl Shipper {
                 }
             }
             self.update(|s| s.state = SessionState::Connecting);
+            // Built at every attempt: the buffer id may have been renewed.
+            let hello = pb::HelloRequest {
+                gateway_id: self.config.gateway_id.clone(),
+                software_version: env!("CARGO_PKG_VERSION").to_owned(),
+                buffer_id: self.config.buffer_id.clone(),
+            };
             let timeout = self.config.connect_timeout;
             let connected = tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -293,17 +314,8 @@ impl Shipper {
         let mut watermark = self.buffer.subscribe();
         let durable_end = watermark.borrow().saturating_sub(1);
         let mut acked = hello.acked_sequence;
-        if acked > durable_end {
-            // The cloud holds sequences this buffer never wrote: the buffer
-            // was reset under the same gateway id. New events would reuse
-            // those sequences and be dropped as duplicates.
-            tracing::error!(
-                cloud_acked = acked,
-                buffer_end = durable_end,
-                "the cloud acknowledged sequences beyond this gateway's buffer: \
-                 was the buffer directory reset? give the gateway a new gateway_id"
-            );
-            self.metrics.uplink_error("acked_beyond_buffer");
+        if acked > self.known_upto {
+            return self.rolled_back(acked, durable_end);
         }
         self.show_acked(acked);
         if let Err(end) = ack_buffer(self.buffer.as_ref(), acked.min(durable_end)).await {
@@ -375,6 +387,7 @@ impl Shipper {
                 self.metrics.events_sent.inc_by(events);
                 in_flight.push_back(Flight { last, sent_at: Instant::now() });
                 highest_sent = last;
+                self.known_upto = self.known_upto.max(last);
                 linger_until = None;
                 let n = in_flight.len();
                 self.update(|s| s.in_flight_batches = n);
@@ -410,6 +423,44 @@ impl Shipper {
                 return end;
             }
         }
+    }
+
+    /// The cloud acknowledged `cloud_acked`, more than this buffer ever
+    /// held or sent: the buffer rolled back behind the cloud (a disk
+    /// snapshot restored, a power cut under `fsync = "never"`, a copied
+    /// directory). The numbers from the rollback point on now name new
+    /// events, which the cloud would take for ones it has and drop:
+    /// acknowledging them would lose them. So nothing is acknowledged;
+    /// the buffer id is renewed (durably, before anything is sent under
+    /// it) and the next session starts a new sequence under it, in which
+    /// everything unacknowledged is sent again and event ids keep what the
+    /// cloud already has from being stored twice.
+    fn rolled_back(&mut self, cloud_acked: u64, durable_end: u64) -> SessionEnd {
+        let renewed = match &self.config.buffer_dir {
+            Some(dir) => identity::renew(dir),
+            None => Ok(identity::new_id()),
+        };
+        let old = std::mem::take(&mut self.config.buffer_id);
+        match renewed {
+            Ok(id) => {
+                tracing::error!(
+                    cloud_acked,
+                    known_upto = self.known_upto,
+                    buffer_end = durable_end,
+                    old_buffer_id = %old,
+                    new_buffer_id = %id,
+                    "the cloud acknowledged sequences this buffer never sent: the buffer \
+                     was rolled back (restored snapshot, power cut without fsync?); \
+                     resending everything unacknowledged under a new buffer id"
+                );
+                self.config.buffer_id = id;
+            }
+            Err(e) => {
+                self.config.buffer_id = old;
+                return failed("acked_beyond_buffer", format!("cannot renew the buffer id: {e}"));
+            }
+        }
+        failed("acked_beyond_buffer", "the buffer was rolled back behind the cloud's ack")
     }
 
     /// Applies one acknowledgement; `Some` ends the session.

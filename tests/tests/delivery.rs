@@ -119,6 +119,59 @@ async fn events_buffered_while_the_cloud_is_down_are_delivered_once_it_starts() 
     );
 }
 
+/// A gateway whose buffer directory is put back to an older copy (a VM or
+/// disk snapshot restored) numbers its new events into the range the
+/// cloud already acknowledged. They are delivered all the same, once each:
+/// the gateway sees the cloud's ack run past anything it holds or sent,
+/// renews its buffer id and sends under that.
+#[tokio::test]
+async fn new_events_of_a_buffer_restored_from_an_older_copy_are_delivered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cloud, config) = grpc_site(tmp.path(), "").await;
+    let buffer = tmp.path().join("gateway").join("buffer");
+    let snapshot = tmp.path().join("snapshot");
+    // The copy: the buffer as a first start leaves it, with its id.
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    assert!(gateway.process.terminate().await.unwrap().success());
+    copy_flat_dir(&buffer, &snapshot);
+
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    let mut ids = gateway.post("bin.weighed", 120).await;
+    wait_delivered(&cloud, "bin.weighed", &ids).await;
+    wait_drained(&gateway).await;
+    assert!(gateway.process.terminate().await.unwrap().success());
+
+    std::fs::remove_dir_all(&buffer).unwrap();
+    copy_flat_dir(&snapshot, &buffer);
+    let gateway = Gateway::start(&config, TEST_BOOTSTRAP_KEY).await;
+    // Numbered 1..=80 again: inside the cloud's ack of 120.
+    ids.extend(gateway.post("bin.weighed", 80).await);
+    ids.sort();
+    wait_delivered(&cloud, "bin.weighed", &ids).await;
+    let health = wait_drained(&gateway).await;
+    assert_eq!(health["status"], "ok", "{health}");
+    let metrics = gateway.metrics().await;
+    assert_eq!(
+        series_value(
+            &metrics,
+            "opgraph_gateway_uplink_errors_total{reason=\"acked_beyond_buffer\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(gateway.process.terminate().await.unwrap().success());
+}
+
+/// Copies the files of `from` (no subfolders) into a new folder `to`.
+fn copy_flat_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        assert!(entry.file_type().unwrap().is_file(), "{:?} is not a file", entry.path());
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
 /// A workspace gets no more gateway events than its monthly event quota:
 /// of a batch that would pass it, what fits is stored; the rest waits in
 /// the gateway's buffer, health says why, and it is delivered once the

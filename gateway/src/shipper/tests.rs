@@ -19,6 +19,7 @@ fn config() -> ShipperConfig {
     ShipperConfig {
         gateway_id: "gw-test".into(),
         buffer_id: "buf_test".into(),
+        buffer_dir: None,
         batch_max_events: 50,
         batch_max_bytes: 1 << 20,
         batch_linger: Duration::from_millis(20),
@@ -235,6 +236,65 @@ async fn a_cloud_that_forgot_its_latest_acks_gets_only_what_it_lacks() {
     running.wait_acked(350).await;
     assert_eq!(cloud.sessions(), 2);
     assert_eq!(cloud.acked(), 350);
+    assert_exactly_once(&cloud, &ids);
+    running.stop().await;
+}
+
+/// A buffer rolled back behind the cloud (a disk snapshot restored, a
+/// power cut under `fsync = "never"`) numbers its new events into the
+/// range the cloud already acknowledged, with more of them than it had:
+/// the cloud's ack from Hello must not be taken to cover them.
+#[tokio::test(start_paused = true)]
+async fn a_buffer_rolled_back_behind_the_cloud_loses_nothing() {
+    let cloud = MemoryCloud::new();
+    let original: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let mut ids = append(original.as_ref(), 0, 300).await;
+    let mut running = start(Arc::clone(&original), &cloud, config());
+    running.wait_acked(300).await;
+    running.stop().await;
+    // The snapshot held the first 100 records, not yet acknowledged then.
+    let restored: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    append(restored.as_ref(), 0, 100).await;
+    let mut running = start(Arc::clone(&restored), &cloud, config());
+    // New events, numbered 101..=400: up to 300 inside the cloud's ack.
+    ids.extend(append(restored.as_ref(), 1000, 300).await);
+    running.wait_acked(400).await;
+    assert_exactly_once(&cloud, &ids);
+    assert_eq!(restored.stats().pending_records, 0);
+    let reason = crate::telemetry::ReasonLabels { reason: "acked_beyond_buffer".into() };
+    assert_eq!(running.metrics.uplink_errors.get_or_create(&reason).get(), 1);
+    running.stop().await;
+}
+
+/// Renewing the buffer id is durable before anything is sent under it,
+/// and the gateway keeps using it after a restart.
+#[tokio::test(start_paused = true)]
+async fn a_renewed_buffer_id_is_kept_in_the_buffer_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = crate::buffer::identity::load_or_create(dir.path()).unwrap();
+    let cloud = MemoryCloud::new();
+    let original: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let config = || ShipperConfig {
+        buffer_id: crate::buffer::identity::load_or_create(dir.path()).unwrap(),
+        buffer_dir: Some(dir.path().to_owned()),
+        ..config()
+    };
+    let mut ids = append(original.as_ref(), 0, 50).await;
+    let mut running = start(Arc::clone(&original), &cloud, config());
+    running.wait_acked(50).await;
+    running.stop().await;
+    let restored: Arc<dyn Buffer> = Arc::new(MemoryBuffer::new());
+    let mut running = start(Arc::clone(&restored), &cloud, config());
+    ids.extend(append(restored.as_ref(), 1000, 20).await);
+    running.wait_acked(20).await;
+    running.stop().await;
+    let renewed = crate::buffer::identity::load_or_create(dir.path()).unwrap();
+    assert_ne!(renewed, first);
+    // A restart with the renewed id resumes its sequence: no second renewal.
+    ids.extend(append(restored.as_ref(), 2000, 5).await);
+    let mut running = start(Arc::clone(&restored), &cloud, config());
+    running.wait_acked(25).await;
+    assert_eq!(crate::buffer::identity::load_or_create(dir.path()).unwrap(), renewed);
     assert_exactly_once(&cloud, &ids);
     running.stop().await;
 }

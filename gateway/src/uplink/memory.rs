@@ -2,12 +2,13 @@
 //! the shipper's unit tests.
 //!
 //! [`MemoryCloud`] follows the cloud's delivery rules (epochs and fencing,
-//! ranges that must join the stored prefix, cumulative acks, nothing stored
-//! twice) and can misbehave on request: refuse connections or the
+//! ranges that must join the stored prefix, cumulative acks that start
+//! over under a new buffer id, nothing stored twice: by sequence, and by
+//! event id across buffer ids) and can misbehave on request: refuse connections or the
 //! credential, lose acknowledgements, answer RETRY_LATER, fence a session,
 //! forget its latest acks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -31,8 +32,14 @@ pub struct MemoryCloud {
 struct CloudState {
     epoch: u64,
     acked: u64,
-    /// Stored events by sequence: their ids.
-    stored: BTreeMap<u64, String>,
+    /// The buffer id the ack belongs to.
+    buffer_id: String,
+    /// Buffer ids seen, counting from 0: a new one starts the sequence over.
+    generation: u64,
+    /// Stored events by (generation, sequence): their ids.
+    stored: BTreeMap<(u64, u64), String>,
+    /// Ids stored, with the generation that stored them.
+    ids: HashMap<String, u64>,
     /// Every commit of an event id (to catch duplicates).
     commits: Vec<String>,
     batches: u64,
@@ -88,7 +95,7 @@ impl MemoryCloud {
         state.epoch += 1;
     }
 
-    /// Ids stored, in sequence order.
+    /// Ids stored, in sequence order (a later buffer id's after).
     pub fn stored_ids(&self) -> Vec<String> {
         self.state().stored.values().cloned().collect()
     }
@@ -141,12 +148,19 @@ impl MemoryCloud {
             ack.error = "gap".into();
         } else if last > state.acked {
             let acked = state.acked;
+            let generation = state.generation;
             for event in batch.events.iter().filter(|e| e.sequence > acked) {
-                // Found by id, as the cloud does after forgetting acks.
-                if state.stored.get(&event.sequence) == Some(&event.id) {
+                // Found by id, as the cloud does after forgetting acks or
+                // under a new buffer id. Within one buffer id only the same
+                // event at the same sequence counts, so that a shipper
+                // sending an event twice still shows in `commits`.
+                let resent = state.stored.get(&(generation, event.sequence)) == Some(&event.id);
+                let earlier = state.ids.get(&event.id).is_some_and(|&g| g < generation);
+                if resent || earlier {
                     continue;
                 }
-                state.stored.insert(event.sequence, event.id.clone());
+                state.ids.insert(event.id.clone(), generation);
+                state.stored.insert((generation, event.sequence), event.id.clone());
                 state.commits.push(event.id.clone());
             }
             state.acked = last;
@@ -179,7 +193,7 @@ impl Uplink for MemoryUplink {
         ENDPOINT
     }
 
-    async fn connect(&mut self, _hello: &pb::HelloRequest) -> Result<pb::HelloResponse> {
+    async fn connect(&mut self, hello: &pb::HelloRequest) -> Result<pb::HelloResponse> {
         self.session = None;
         let mut state = self.cloud.state();
         if state.refuse_connects > 0 {
@@ -191,6 +205,13 @@ impl Uplink for MemoryUplink {
                 endpoint: ENDPOINT.to_owned(),
                 reason: "unknown API key".into(),
             });
+        }
+        if !hello.buffer_id.is_empty() && hello.buffer_id != state.buffer_id {
+            if !state.buffer_id.is_empty() {
+                state.generation += 1;
+                state.acked = 0;
+            }
+            state.buffer_id = hello.buffer_id.clone();
         }
         state.epoch += 1;
         state.sessions += 1;
