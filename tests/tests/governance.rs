@@ -681,6 +681,8 @@ async fn bad_enforce_bodies_are_400_and_record_nothing(backend: Backend) {
         (with(&|b| b["proposedAction"]["amount"] = json!(1e16)), "proposedAction.amount"),
         (with(&|b| b["proposedAction"]["amount"] = json!("NaN")), "proposedAction.amount"),
         (with(&|b| b["proposedAction"]["amount"] = json!("12")), "proposedAction.amount"),
+        // A number or no key at all: a null would skip every amount check.
+        (with(&|b| b["proposedAction"]["amount"] = Value::Null), "proposedAction.amount"),
         (with(&|b| b["proposedAction"]["currency"] = json!("eur")), "proposedAction.currency"),
         (with(&|b| b["proposedAction"]["currency"] = json!("EURO")), "proposedAction.currency"),
         (
@@ -727,6 +729,15 @@ async fn bad_enforce_bodies_are_400_and_record_nothing(backend: Backend) {
     assert!(receipts(&client, &cloud, key, "").await.is_empty(), "no receipt for a bad body");
     let (_, events) = get(&client, &cloud, key, "/api/events?event=governance.enforced").await;
     assert!(events["events"].as_array().unwrap().is_empty());
+
+    // Without an amount (and so without a currency) is fine.
+    let no_amount = with(&|b| {
+        let action = b["proposedAction"].as_object_mut().unwrap();
+        action.remove("amount");
+        action.remove("currency");
+    });
+    let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", &no_amount).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
 
     // The good body still works, and asking for a push with no endpoint
     // configured is a 400 that creates nothing.

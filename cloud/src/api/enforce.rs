@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
-use super::governance::{MAX_TEXT, amount, currency, event, optional_text, parse_body, text};
+use super::governance::{
+    MAX_TEXT, amount, currency, event, not_null, optional_text, parse_body, text,
+};
 use super::{AppState, JsonBody, PathId, parse_ms};
 use super::{check_params, limit_of};
 use crate::auth::{Principal, Scope};
@@ -58,7 +60,9 @@ pub struct EnforceRequest {
 #[serde(rename_all = "camelCase")]
 pub struct ProposedAction {
     pub action: String,
-    /// Finite, 0 ..= 1e15.
+    /// Finite, 0 ..= 1e15. May be left out, but not `null`.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub amount: Option<f64>,
     /// Three upper-case letters; required with `amount`.
     pub currency: Option<String>,
@@ -428,4 +432,51 @@ pub async fn verify_receipts(
         }
     }
     Ok(Json(verifier.finish()))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn body(proposed_action: Value) -> Value {
+        json!({
+            "decisionObjectId": "dec_1",
+            "authorityGrantId": "grt_1",
+            "contextContractId": "ctc_1",
+            "proposedAction": proposed_action,
+        })
+    }
+
+    #[test]
+    fn a_null_amount_is_refused_and_an_absent_one_is_none() {
+        let null = validate_enforce(body(json!({"action": "refund", "amount": null})));
+        match null {
+            Err(Error::Validation { field, .. }) => {
+                assert_eq!(field.as_deref(), Some("proposedAction.amount"));
+            }
+            Err(other) => panic!("{other:?}"),
+            Ok(v) => panic!("accepted, as amount {:?}", v.proposal.amount),
+        }
+        let absent = validate_enforce(body(json!({"action": "refund"}))).unwrap();
+        assert_eq!(absent.proposal.amount, None);
+        let given =
+            validate_enforce(body(json!({"action": "refund", "amount": 5, "currency": "EUR"})))
+                .unwrap();
+        assert_eq!(given.proposal.amount, Some(5.0));
+    }
+
+    #[test]
+    fn the_openapi_schema_says_amount_is_a_number_not_null() {
+        let schema = serde_json::to_value(<ProposedAction as utoipa::PartialSchema>::schema());
+        let schema = schema.unwrap();
+        // `extra` is flattened: the named fields are one part of an `allOf`.
+        let fields = schema["allOf"]
+            .as_array()
+            .and_then(|parts| parts.iter().find(|p| p.get("properties").is_some()))
+            .unwrap_or_else(|| panic!("no properties in {schema}"));
+        assert_eq!(fields["properties"]["amount"]["type"], "number", "{schema}");
+        assert_eq!(fields["required"], json!(["action"]), "{schema}");
+    }
 }

@@ -71,6 +71,22 @@ fn text_list(field: &str, values: &[String], min: usize) -> Result<Vec<String>> 
     values.iter().enumerate().map(|(i, v)| text(&format!("{field}[{i}]"), v, MAX_TEXT)).collect()
 }
 
+/// For `#[serde(default, deserialize_with = "not_null")]` on an `Option`
+/// field that the docs call a value: leaving the key out is `None`, an
+/// explicit `null` is refused. Plain `Option` would take `null` as absent,
+/// and a client that computed a null amount would then skip every amount
+/// check without knowing.
+pub fn not_null<'de, D, T>(d: D) -> std::result::Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    match Option::<T>::deserialize(d)? {
+        Some(value) => Ok(Some(value)),
+        None => Err(serde::de::Error::custom("must not be null: leave the key out instead")),
+    }
+}
+
 /// An amount: finite, 0 ..= [`MAX_AMOUNT`].
 pub fn amount(field: &str, value: Option<f64>) -> Result<Option<f64>> {
     match value {
