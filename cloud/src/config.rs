@@ -438,6 +438,10 @@ impl Config {
                 *slot = if v.trim() == "off" { None } else { Some(parsed(name, v)?) };
             }
         }
+        if let Some(v) = env("OPGRAPH_QUIC_MAX_UNAUTHENTICATED") {
+            self.receivers.quic_max_unauthenticated_connections =
+                parsed("OPGRAPH_QUIC_MAX_UNAUTHENTICATED", v)?;
+        }
         for (name, slot) in [
             ("OPGRAPH_TLS_CERT_FILE", &mut self.receivers.tls_cert_file),
             ("OPGRAPH_TLS_KEY_FILE", &mut self.receivers.tls_key_file),
@@ -586,6 +590,14 @@ impl Config {
         }
         if !(ByteSize::mib(4)..=ByteSize::tib(1)).contains(&self.store.writer_cache) {
             return Err(problem("store.writer_cache", "must be 4MiB to 1TiB"));
+        }
+        // 0 would refuse every gateway; the ceiling catches a typo, not a
+        // real deployment (each place may cost a stream's receive window).
+        if !(1..=100_000).contains(&self.receivers.quic_max_unauthenticated_connections) {
+            return Err(problem(
+                "receivers.quic_max_unauthenticated_connections",
+                "must be 1 to 100000",
+            ));
         }
         if let Some(key) = &self.auth.bootstrap_key
             && !crate::auth::looks_like_api_key(key)
@@ -850,6 +862,27 @@ mod tests {
         };
         assert_eq!(Config::load(None, with("50ms")).unwrap().webhooks.retry_base.as_millis(), 50);
         assert_eq!(Config::load(None, with("soon")).unwrap_err().key, "OPGRAPH_WEBHOOK_RETRY_BASE");
+    }
+
+    #[test]
+    fn the_bound_on_unauthenticated_quic_connections_is_checked() {
+        assert_eq!(
+            Config::load(None, no_env).unwrap().receivers.quic_max_unauthenticated_connections,
+            256
+        );
+        let with = |v: &'static str| {
+            move |k: &str| (k == "OPGRAPH_QUIC_MAX_UNAUTHENTICATED").then(|| v.to_owned())
+        };
+        let config = Config::load(None, with("8")).unwrap();
+        assert_eq!(config.receivers.quic_max_unauthenticated_connections, 8);
+        for bad in ["0", "100001"] {
+            let err = Config::load(None, with(bad)).unwrap_err();
+            assert_eq!(err.key, "receivers.quic_max_unauthenticated_connections", "{bad}");
+        }
+        let err = Config::parse("[receivers]\nquic_max_unauthenticated_connections = 0\n")
+            .and_then(|c| c.validate())
+            .unwrap_err();
+        assert_eq!(err.key, "receivers.quic_max_unauthenticated_connections");
     }
 
     #[test]

@@ -66,6 +66,16 @@ pub struct ReceiverConfig {
     /// QUIC (UDP) address, printed as `listening quic=...`. Default
     /// `127.0.0.1:4433`. Env `OPGRAPH_QUIC_ADDR`; `off` disables.
     pub quic_addr: Option<SocketAddr>,
+    /// QUIC connections that may be open at once before they authenticate
+    /// (handshake and `SessionOpen`); past it a new one is refused before
+    /// its handshake, with QUIC's `CONNECTION_REFUSED`, and counted as
+    /// `quic_unauthenticated_limit`. Each may hold one stream's receive
+    /// window for the open timeout, so this bounds what strangers cost; a
+    /// connection gives its place back once its key is accepted. While
+    /// strangers fill every place, a gateway that was not yet connected
+    /// waits for one too (it retries after its backoff). Default 256; 1 to
+    /// 100000. Env `OPGRAPH_QUIC_MAX_UNAUTHENTICATED`.
+    pub quic_max_unauthenticated_connections: usize,
     /// Server certificate chain (PEM). Unset: a self-signed certificate for
     /// `localhost` and `127.0.0.1` is made once and kept in the data
     /// directory (`receiver-cert.pem`), for gateways to pin. Env
@@ -84,6 +94,7 @@ impl Default for ReceiverConfig {
         ReceiverConfig {
             grpc_addr: Some(SocketAddr::from(([127, 0, 0, 1], 50051))),
             quic_addr: Some(SocketAddr::from(([127, 0, 0, 1], 4433))),
+            quic_max_unauthenticated_connections: 256,
             tls_cert_file: None,
             tls_key_file: None,
             client_ca_file: None,

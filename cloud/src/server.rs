@@ -109,7 +109,9 @@ async fn start_receivers(
         tasks.push(task);
     }
     if let Some(addr) = config.quic_addr {
-        let (bound, task) = quic::start(addr, Arc::clone(&receiver), &tls, shutdown.clone())?;
+        let unauthenticated = config.quic_max_unauthenticated_connections;
+        let (bound, task) =
+            quic::start(addr, Arc::clone(&receiver), &tls, unauthenticated, shutdown.clone())?;
         announce(&format!("listening quic={bound}"));
         tasks.push(task);
     }

@@ -433,6 +433,14 @@ async fn grpc_stores_the_part_of_a_batch_that_fits_the_quota() {
 }
 
 async fn quic_connect(cloud: &Cloud) -> (quinn::Endpoint, quinn::Connection) {
+    let (endpoint, connection) = quic_try_connect(cloud).await;
+    (endpoint, connection.unwrap())
+}
+
+/// A QUIC connection to the cloud, or why the handshake failed.
+async fn quic_try_connect(
+    cloud: &Cloud,
+) -> (quinn::Endpoint, Result<quinn::Connection, quinn::ConnectionError>) {
     let mut roots = rustls::RootCertStore::empty();
     let pem = cert(cloud);
     for c in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
@@ -451,7 +459,7 @@ async fn quic_connect(cloud: &Cloud) -> (quinn::Endpoint, quinn::Connection) {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
     endpoint.set_default_client_config(config);
     let addr: SocketAddr = cloud.process.addrs["quic"].parse().unwrap();
-    let connection = endpoint.connect(addr, "localhost").unwrap().await.unwrap();
+    let connection = endpoint.connect(addr, "localhost").unwrap().await;
     (endpoint, connection)
 }
 
@@ -612,6 +620,56 @@ async fn quic_closes_unauthenticated_connections() {
     let bytes = frame::encode_batch(&batch("gw-z", 1, (1, 1), &[1]), 1).unwrap();
     assert!(exchange(&connection, &bytes).await.is_err());
     assert!(stored_ids(&cloud).await.is_empty());
+}
+
+/// Connections that have not authenticated yet are bounded: past the bound
+/// a new one is refused before its handshake (QUIC's CONNECTION_REFUSED)
+/// and counted, while a gateway already in session goes on; once the
+/// strangers leave, connections are accepted again.
+#[tokio::test]
+async fn quic_bounds_connections_that_have_not_authenticated() {
+    let limit = ("OPGRAPH_QUIC_MAX_UNAUTHENTICATED", "2".to_owned());
+    let cloud = Cloud::start(&[limit]).await.unwrap();
+    let refused = |connection: &Result<quinn::Connection, quinn::ConnectionError>| {
+        matches!(connection, Err(quinn::ConnectionError::ConnectionClosed(close))
+            if close.error_code == quinn::TransportErrorCode::CONNECTION_REFUSED)
+    };
+    // In session before the strangers come: it holds none of the places.
+    let (_gateway_endpoint, gateway) = quic_connect(&cloud).await;
+    let e = quic_session(&gateway, &cloud.key, "gw-u").await.unwrap().epoch;
+
+    // Two connections that never open a session take both places.
+    let mut strangers = Vec::new();
+    for _ in 0..2 {
+        strangers.push(quic_connect(&cloud).await);
+    }
+    let (_endpoint, third) = quic_try_connect(&cloud).await;
+    assert!(refused(&third), "{third:?}");
+    let metrics = cloud.metrics().await.unwrap();
+    assert!(metrics.contains("reason=\"quic_unauthenticated_limit\"} 1"), "{metrics}");
+
+    // The gateway in session is not held up.
+    let b = batch("gw-u", e, (1, 1), &[1]);
+    let ack = quic_send(&gateway, &frame::encode_batch(&b, 1).unwrap()).await;
+    assert_eq!((ack.status, ack.acked_sequence), (OK, 1));
+
+    // The strangers leave: their places come back (once the cloud has read
+    // their close), and a newcomer can open a session again.
+    for (endpoint, connection) in &strangers {
+        connection.close(0u32.into(), b"bye");
+        endpoint.wait_idle().await;
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (_endpoint, newcomer) = loop {
+        let (endpoint, connection) = quic_try_connect(&cloud).await;
+        if refused(&connection) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        }
+        break (endpoint, connection.expect("accepted again"));
+    };
+    quic_session(&newcomer, &cloud.key, "gw-v").await.unwrap();
+    assert_eq!(stored_ids(&cloud).await, ids([1]));
 }
 
 /// An ingest key, created with the bootstrap key: (key, id).

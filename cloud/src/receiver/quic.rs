@@ -8,6 +8,11 @@
 //! bounded codec of `opgraph_proto::frame`. Streams deliver batches in any
 //! order; one task per connection (`sequence`) hands them to the store in
 //! sequence order.
+//!
+//! Connections that have not authenticated yet are few at a time
+//! (`receivers.quic_max_unauthenticated_connections`): each holds a place
+//! from before its handshake until its key is accepted, and one that finds
+//! none is refused before the handshake, which is what a flood costs most.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,7 +21,7 @@ use std::time::Duration;
 
 use opgraph_proto::frame::{self, FrameKind, HEADER_LEN};
 use opgraph_proto::pb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -37,11 +42,14 @@ pub const CLOSE_BAD_SESSION: u32 = 400;
 pub const CLOSE_FENCED: u32 = 409;
 pub const CLOSE_SHUTDOWN: u32 = 0;
 
-/// Binds and serves until `shutdown`; returns the bound address at once.
+/// Binds and serves until `shutdown`, with at most `max_unauthenticated`
+/// connections open at once that have not yet authenticated; returns the
+/// bound address at once.
 pub fn start(
     addr: SocketAddr,
     receiver: Arc<Receiver>,
     tls: &TlsMaterial,
+    max_unauthenticated: usize,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let crypto = tls.rustls_server_config(vec![frame::ALPN.to_vec()])?;
@@ -57,6 +65,7 @@ pub fn start(
     let endpoint = quinn::Endpoint::server(config, addr)
         .map_err(|e| anyhow::anyhow!("receivers.quic_addr {addr}: {e}"))?;
     let bound = endpoint.local_addr()?;
+    let unauthenticated = Arc::new(Semaphore::new(max_unauthenticated));
     let task = tokio::spawn(async move {
         let connections = tokio_util::task::TaskTracker::new();
         loop {
@@ -64,10 +73,21 @@ pub fn start(
                 _ = shutdown.cancelled() => break,
                 incoming = endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
+                    // Taken before the handshake: a handshake is most of
+                    // what a stranger's connection costs.
+                    let Ok(place) = Arc::clone(&unauthenticated).try_acquire_owned() else {
+                        receiver.metrics.reject("quic_unauthenticated_limit");
+                        tracing::debug!(
+                            peer = %incoming.remote_address(),
+                            "QUIC connection refused: too many connections not yet authenticated"
+                        );
+                        incoming.refuse();
+                        continue;
+                    };
                     let receiver = Arc::clone(&receiver);
                     let stop = shutdown.clone();
                     connections.spawn(async move {
-                        if let Err(e) = connection(incoming, receiver, stop).await {
+                        if let Err(e) = connection(incoming, receiver, place, stop).await {
                             tracing::debug!(error = %e, "QUIC connection ended");
                         }
                     });
@@ -113,9 +133,13 @@ struct Session {
     start: Tail,
 }
 
+/// Reads the `SessionOpen` and answers it. `place` (among the connections
+/// not yet authenticated) is given back once the key is accepted, or on
+/// return, whatever ended the attempt.
 async fn open_session(
     connection: &quinn::Connection,
     receiver: &Receiver,
+    place: OwnedSemaphorePermit,
 ) -> anyhow::Result<Session> {
     let (mut send, mut recv) = tokio::time::timeout(OPEN_TIMEOUT, connection.accept_bi()).await??;
     let opening = read_frame(&mut recv, MAX_SESSION_OPEN_BYTES);
@@ -142,6 +166,7 @@ async fn open_session(
             anyhow::bail!("unauthorized gateway: {e}");
         }
     };
+    drop(place);
     let hello = open.hello.unwrap_or_default();
     match receiver.hello(&principal, &hello).await {
         Ok(response) => {
@@ -167,10 +192,11 @@ async fn open_session(
 async fn connection(
     incoming: quinn::Incoming,
     receiver: Arc<Receiver>,
+    place: OwnedSemaphorePermit,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let connection = incoming.await?;
-    let session = open_session(&connection, &receiver).await?;
+    let session = open_session(&connection, &receiver, place).await?;
     let principal = Arc::new(session.principal.clone());
     let authorization: Arc<str> = Arc::from(session.authorization.as_str());
     let gateway: Arc<str> = Arc::from(session.gateway.as_str());
