@@ -44,6 +44,8 @@
 //! workload each (16,500),
 //! `--interval=MS` / `OPGRAPH_BENCH_INTERVAL_MS` fsync interval in
 //! milliseconds (the default of `BufferConfig`, 10),
+//! `--settle=US` / `OPGRAPH_BENCH_SETTLE_US` `fsync_settle` in
+//! microseconds (the default of `BufferConfig`),
 //! `--max-seconds=N` / `OPGRAPH_BENCH_MAX_SECONDS` cap per phase (20; a
 //! phase that reaches it stops early and says so),
 //! `--dir=PATH` / `OPGRAPH_BENCH_DIR` where the data goes (the system temp
@@ -73,6 +75,7 @@ struct Options {
     appenders: usize,
     groups: Vec<usize>,
     interval: Duration,
+    settle: Duration,
     max_seconds: u64,
     dir: Option<PathBuf>,
     only: Option<FsyncPolicy>,
@@ -81,8 +84,17 @@ struct Options {
 impl Options {
     fn parse() -> Options {
         let args: Vec<String> = std::env::args().skip(1).collect();
-        let flags =
-            ["rounds", "records", "appenders", "group", "interval", "max-seconds", "dir", "only"];
+        let flags = [
+            "rounds",
+            "records",
+            "appenders",
+            "group",
+            "interval",
+            "settle",
+            "max-seconds",
+            "dir",
+            "only",
+        ];
         for arg in &args {
             let known = flags.iter().any(|f| arg.starts_with(&format!("--{f}=")));
             // `cargo bench` passes `--bench`; a positional filter is ignored.
@@ -103,6 +115,7 @@ impl Options {
             })
         };
         let default_interval = BufferConfig::default().fsync_interval.as_millis() as u64;
+        let default_settle = BufferConfig::default().fsync_settle.as_micros() as u64;
         Options {
             rounds: num("rounds", "OPGRAPH_BENCH_ROUNDS", 3).clamp(1, 20) as usize,
             records: get("records", "OPGRAPH_BENCH_RECORDS").map(|_| {
@@ -122,6 +135,7 @@ impl Options {
             interval: Duration::from_millis(
                 num("interval", "OPGRAPH_BENCH_INTERVAL_MS", default_interval).clamp(1, 60_000),
             ),
+            settle: Duration::from_micros(num("settle", "OPGRAPH_BENCH_SETTLE_US", default_settle)),
             max_seconds: num("max-seconds", "OPGRAPH_BENCH_MAX_SECONDS", 20).max(1),
             dir: get("dir", "OPGRAPH_BENCH_DIR").map(PathBuf::from),
             only: get("only", "OPGRAPH_BENCH_ONLY").map(|v| match v.as_str() {
@@ -289,7 +303,7 @@ fn buffer_appends(
     rt: &Runtime,
     dir: &Path,
     fsync: FsyncPolicy,
-    interval: Duration,
+    (interval, settle): (Duration, Duration),
     work: Workload,
     cap: Duration,
 ) -> Outcome {
@@ -297,6 +311,7 @@ fn buffer_appends(
         let config = BufferConfig {
             fsync,
             fsync_interval: interval,
+            fsync_settle: settle.min(interval),
             ..BufferConfig::with_dir(dir.join("buffer"))
         };
         let buffer = Arc::new(LogBuffer::open(config).await.expect("open buffer"));
@@ -434,6 +449,7 @@ fn run_workload(options: &Options, rt: &Runtime, group: usize, title: &str) {
         .iter()
         .map(|&side| Rounds { side, records: Vec::new(), mbs: Vec::new(), ratios: Vec::new() })
         .collect();
+    let cadence = (options.interval, options.settle);
     for round in 0..options.rounds {
         // Alternate the order so that drift on the machine hits all sides.
         let order: Vec<Side> =
@@ -447,7 +463,7 @@ fn run_workload(options: &Options, rt: &Runtime, group: usize, title: &str) {
                     raw_write(dir.path(), &work, options.interval, Some(FULL_GROUP_BYTES), cap)
                 }
                 Side::Buffer(policy) => {
-                    buffer_appends(rt, dir.path(), policy, options.interval, work.clone(), cap)
+                    buffer_appends(rt, dir.path(), policy, cadence, work.clone(), cap)
                 }
             };
             outcomes.push((side, outcome));
@@ -528,10 +544,11 @@ fn main() {
     println!("opgraph buffer benchmark (release: {})", !cfg!(debug_assertions));
     println!("machine: {cpus} CPUs, {cpu_model}");
     println!(
-        "data under {}, {} round(s), fsync interval {:?}; MB = 10^6 bytes of payload",
+        "data under {}, {} round(s), fsync interval {:?}, settle {:?}; MB = 10^6 bytes of payload",
         probe.path().parent().map_or_else(|| "?".into(), |p| p.display().to_string()),
         options.rounds,
         options.interval,
+        options.settle.min(options.interval),
     );
     drop(probe);
     for (i, &group) in options.groups.iter().enumerate() {
