@@ -672,6 +672,33 @@ async fn quic_bounds_connections_that_have_not_authenticated() {
     assert_eq!(stored_ids(&cloud).await, ids([1]));
 }
 
+/// A stranger's place among the unauthenticated lasts one deadline from
+/// its arrival, whatever step it dawdles in: one that opens its first
+/// stream late and sends nothing is closed when the connection is 10 s
+/// old, not 10 s after the stream (when each step had its own timeout).
+#[tokio::test]
+async fn quic_strangers_get_one_deadline_to_authenticate() {
+    let cloud = Cloud::start(&[]).await.unwrap();
+    let (_endpoint, stranger) = quic_connect(&cloud).await;
+    let connected = std::time::Instant::now();
+    // Idle (the scenario, not a wait for anything), then a stream that
+    // never carries a SessionOpen.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let (mut send, _recv) = stranger.open_bi().await.unwrap();
+    send.write_all(&[0x01]).await.unwrap();
+    let closed =
+        tokio::time::timeout(std::time::Duration::from_secs(20), stranger.closed()).await.unwrap();
+    let after = connected.elapsed();
+    assert!(
+        matches!(&closed, quinn::ConnectionError::ApplicationClosed(close)
+            if close.error_code == 400u32.into()),
+        "{closed:?}"
+    );
+    assert!(after < std::time::Duration::from_secs(13), "closed {after:?} after connecting");
+    let metrics = cloud.metrics().await.unwrap();
+    assert!(metrics.contains("reason=\"open_timeout\"} 1"), "{metrics}");
+}
+
 /// An ingest key, created with the bootstrap key: (key, id).
 async fn ingest_key(cloud: &Cloud) -> (String, String) {
     let created: Value = cloud

@@ -35,6 +35,11 @@ const MAX_STREAMS: u32 = 64;
 /// Largest SessionOpen frame (a key and a Hello: a few hundred bytes),
 /// read before the connection is authenticated.
 const MAX_SESSION_OPEN_BYTES: usize = 64 * 1024;
+/// From a connection's arrival to its accepted key, at most: the
+/// handshake, the first stream and its SessionOpen share it, so a stranger
+/// holds its place among the unauthenticated ones this long and no longer
+/// (one timeout per step let a slow one keep it for the idle timeout and
+/// twice this).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Application close codes, so a gateway knows why it was dropped.
 pub const CLOSE_UNAUTHORIZED: u32 = 401;
@@ -140,10 +145,17 @@ async fn open_session(
     connection: &quinn::Connection,
     receiver: &Receiver,
     place: OwnedSemaphorePermit,
+    deadline: Instant,
 ) -> anyhow::Result<Session> {
-    let (mut send, mut recv) = tokio::time::timeout(OPEN_TIMEOUT, connection.accept_bi()).await??;
+    let late = |_| {
+        receiver.metrics.reject("open_timeout");
+        connection.close(CLOSE_BAD_SESSION.into(), b"no SessionOpen in time");
+        anyhow::anyhow!("no SessionOpen within {OPEN_TIMEOUT:?} of connecting")
+    };
+    let (mut send, mut recv) =
+        tokio::time::timeout_at(deadline, connection.accept_bi()).await.map_err(late)??;
     let opening = read_frame(&mut recv, MAX_SESSION_OPEN_BYTES);
-    let (kind, body) = match tokio::time::timeout(OPEN_TIMEOUT, opening).await? {
+    let (kind, body) = match tokio::time::timeout_at(deadline, opening).await.map_err(late)? {
         Ok(frame) => frame,
         Err(e) => {
             receiver.metrics.reject("bad_frame");
@@ -195,8 +207,13 @@ async fn connection(
     place: OwnedSemaphorePermit,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let connection = incoming.await?;
-    let session = open_session(&connection, &receiver, place).await?;
+    let deadline = Instant::now() + OPEN_TIMEOUT;
+    let Ok(connection) = tokio::time::timeout_at(deadline, incoming).await else {
+        receiver.metrics.reject("open_timeout");
+        anyhow::bail!("QUIC handshake not done within {OPEN_TIMEOUT:?}");
+    };
+    let connection = connection?;
+    let session = open_session(&connection, &receiver, place, deadline).await?;
     let principal = Arc::new(session.principal.clone());
     let authorization: Arc<str> = Arc::from(session.authorization.as_str());
     let gateway: Arc<str> = Arc::from(session.gateway.as_str());
