@@ -548,6 +548,8 @@ async fn decisions_grants_contracts_and_plans_crud(backend: Backend) {
         (json!({"title": "x", "riskLevel": "low", "status": "executed"}), Some("status")),
         (json!({"title": "", "riskLevel": "low"}), Some("title")),
         (json!({"title": "x", "riskLevel": "low", "colour": "red"}), None),
+        // A null expiry would be a decision that never expires.
+        (json!({"title": "x", "riskLevel": "low", "expiresAt": null}), Some("expiresAt")),
     ] {
         let (status, answer) = post(&client, &cloud, key, DECISIONS, &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
@@ -555,6 +557,19 @@ async fn decisions_grants_contracts_and_plans_crud(backend: Backend) {
             assert_eq!(answer["error"]["field"], field, "{answer}");
         }
     }
+    // Where leaving a key out lifts no limit, a null is the same as
+    // leaving it out (the default status, draft, is the strictest).
+    let (status, answer) = post(
+        &client,
+        &cloud,
+        key,
+        DECISIONS,
+        &json!({"title": "nulls", "riskLevel": "low", "status": null, "description": null,
+            "owner": null, "traceId": null}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert_eq!(answer["decisionObject"]["status"], "draft");
 
     // Grants: create, get, list, revoke once.
     const GRANTS: &str = "/api/governance/authority-grants";
@@ -579,11 +594,31 @@ async fn decisions_grants_contracts_and_plans_crud(backend: Backend) {
         (json!({"grantee": "a", "actions": ["x"], "maxAmount": 1e16}), "maxAmount"),
         (json!({"grantee": "a", "actions": ["x"], "currency": "euro"}), "currency"),
         (json!({"grantee": "a", "actions": ["x"], "validFrom": 10, "validUntil": 5}), "validUntil"),
+        // Each of these left out lifts a limit (no maximum, no threshold,
+        // any currency, valid forever): a null is a 400, not "no limit".
+        (json!({"grantee": "a", "actions": ["x"], "maxAmount": null}), "maxAmount"),
+        (json!({"grantee": "a", "actions": ["x"], "approvalThreshold": null}), "approvalThreshold"),
+        (json!({"grantee": "a", "actions": ["x"], "currency": null}), "currency"),
+        (json!({"grantee": "a", "actions": ["x"], "validFrom": null}), "validFrom"),
+        (json!({"grantee": "a", "actions": ["x"], "validUntil": null}), "validUntil"),
+        (json!({"grantee": "a", "actions": ["x"], "revoked": null}), "revoked"),
     ] {
         let (status, answer) = post(&client, &cloud, key, GRANTS, &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(code(&answer), "validation_failed", "{answer}");
         assert_eq!(answer["error"]["field"], field, "{answer}");
     }
+    let (status, answer) = post(
+        &client,
+        &cloud,
+        key,
+        GRANTS,
+        &json!({"grantee": "a", "actions": ["x"], "description": null}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "a null description is no description: {answer}");
+    let (_, list) = get(&client, &cloud, key, GRANTS).await;
+    assert_eq!(list["authorityGrants"].as_array().unwrap().len(), 2, "no refused body was stored");
 
     // Contracts.
     const CONTRACTS: &str = "/api/governance/context-contracts";
@@ -601,17 +636,29 @@ async fn decisions_grants_contracts_and_plans_crud(backend: Backend) {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["contextContract"]["requiredTrustTier"], "T1");
     assert_eq!(body["contextContract"]["requiredCompliance"], json!([]));
-    let (status, _) = post(
-        &client,
-        &cloud,
-        key,
-        CONTRACTS,
-        &json!({"allowedActions": ["x"], "requiredTrustTier": "T9"}),
-    )
-    .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    for (body, field) in [
+        (json!({"allowedActions": ["x"], "requiredTrustTier": "T9"}), "requiredTrustTier"),
+        // No tier required, no escrow line, valid forever: not for a null.
+        (json!({"allowedActions": ["x"], "requiredTrustTier": null}), "requiredTrustTier"),
+        (json!({"allowedActions": ["x"], "escrowAbove": null}), "escrowAbove"),
+        (json!({"allowedActions": ["x"], "validUntil": null}), "validUntil"),
+        (json!({"allowedActions": ["x"], "requiredCompliance": null}), "requiredCompliance"),
+        (
+            json!({"allowedActions": ["x"], "requiredAttestationProviders": null}),
+            "requiredAttestationProviders",
+        ),
+    ] {
+        let (status, answer) = post(&client, &cloud, key, CONTRACTS, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(code(&answer), "validation_failed", "{answer}");
+        assert_eq!(answer["error"]["field"], field, "{answer}");
+    }
     let (_, list) = get(&client, &cloud, key, CONTRACTS).await;
     assert_eq!(list["contextContracts"].as_array().unwrap().len(), 1);
+    let (status, answer) =
+        post(&client, &cloud, key, CONTRACTS, &json!({"allowedActions": ["x"], "name": null}))
+            .await;
+    assert_eq!(status, StatusCode::CREATED, "a null name is no name: {answer}");
 
     // Tracking plans.
     let plan = create(&client, &cloud, key, "/api/tracking-plans", "trackingPlan",
@@ -683,6 +730,18 @@ async fn bad_enforce_bodies_are_400_and_record_nothing(backend: Backend) {
         (with(&|b| b["proposedAction"]["amount"] = json!("12")), "proposedAction.amount"),
         // A number or no key at all: a null would skip every amount check.
         (with(&|b| b["proposedAction"]["amount"] = Value::Null), "proposedAction.amount"),
+        // Without a currency, or an actor, or the named event, a check is
+        // skipped or judged on another event: a null must not do that.
+        (
+            with(&|b| {
+                let action = b["proposedAction"].as_object_mut().unwrap();
+                action.remove("amount");
+                action.insert("currency".into(), Value::Null);
+            }),
+            "proposedAction.currency",
+        ),
+        (with(&|b| b["proposedAction"]["actor"] = Value::Null), "proposedAction.actor"),
+        (with(&|b| b["eventId"] = Value::Null), "eventId"),
         (with(&|b| b["proposedAction"]["currency"] = json!("eur")), "proposedAction.currency"),
         (with(&|b| b["proposedAction"]["currency"] = json!("EURO")), "proposedAction.currency"),
         (
@@ -738,6 +797,16 @@ async fn bad_enforce_bodies_are_400_and_record_nothing(backend: Backend) {
     });
     let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", &no_amount).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
+    // Where leaving a key out only makes the call stricter (no trigger, no
+    // attestation, no compliance evidence), a null is the same.
+    let stricter = with(&|b| {
+        for field in ["traceId", "attestation", "complianceMapping"] {
+            b[field] = Value::Null;
+        }
+    });
+    let (status, answer) = post(&client, &cloud, key, "/api/governance/enforce", &stricter).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["outcome"], "deny", "no compliance evidence: {answer}");
 
     // The good body still works, and asking for a push with no endpoint
     // configured is a 400 that creates nothing.

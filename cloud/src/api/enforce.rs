@@ -49,7 +49,11 @@ pub struct EnforceRequest {
     pub attestation: Option<Attestations>,
     /// The triggering event is the most recent event of this trace.
     pub trace_id: Option<String>,
-    /// The triggering event (takes precedence over `traceId`).
+    /// The triggering event (takes precedence over `traceId`). May be left
+    /// out, but not `null`: that would judge the trust tier on the trace's
+    /// latest event instead of the one meant.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub event_id: Option<String>,
     /// Framework name → control evidence.
     #[schema(value_type = Option<Object>)]
@@ -64,9 +68,16 @@ pub struct ProposedAction {
     #[serde(default, deserialize_with = "not_null")]
     #[schema(nullable = false)]
     pub amount: Option<f64>,
-    /// Three upper-case letters; required with `amount`.
+    /// Three upper-case letters; required with `amount`. May be left out
+    /// (without an amount), but not `null`: the grant's currency check
+    /// would pass as "no currency proposed".
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub currency: Option<String>,
-    /// Who proposes to act; must be the grant's grantee when given.
+    /// Who proposes to act; must be the grant's grantee when given. May be
+    /// left out, but not `null`: the grantee check would be skipped.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub actor: Option<String>,
     /// Other keys are recorded as sent.
     #[serde(flatten)]
@@ -468,6 +479,31 @@ mod tests {
     }
 
     #[test]
+    fn a_null_that_would_skip_a_check_is_refused() {
+        let refused = |body: Value| match validate_enforce(body) {
+            Err(Error::Validation { field, .. }) => field,
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => None,
+        };
+        for name in ["currency", "actor"] {
+            let mut action = json!({"action": "refund"});
+            action[name] = Value::Null;
+            let field = format!("proposedAction.{name}");
+            assert_eq!(refused(body(action)).as_deref(), Some(field.as_str()));
+        }
+        let mut named = body(json!({"action": "refund"}));
+        named["eventId"] = Value::Null;
+        assert_eq!(refused(named).as_deref(), Some("eventId"));
+        // Nulls whose absence only makes the call stricter are absent.
+        let mut stricter = body(json!({"action": "refund"}));
+        for name in ["traceId", "attestation", "complianceMapping"] {
+            stricter[name] = Value::Null;
+        }
+        let v = validate_enforce(stricter).unwrap();
+        assert!(v.refs.trace_id.is_none() && v.providers.is_empty() && v.frameworks.is_empty());
+    }
+
+    #[test]
     fn the_openapi_schema_says_amount_is_a_number_not_null() {
         let schema = serde_json::to_value(<ProposedAction as utoipa::PartialSchema>::schema());
         let schema = schema.unwrap();
@@ -477,6 +513,12 @@ mod tests {
             .and_then(|parts| parts.iter().find(|p| p.get("properties").is_some()))
             .unwrap_or_else(|| panic!("no properties in {schema}"));
         assert_eq!(fields["properties"]["amount"]["type"], "number", "{schema}");
+        assert_eq!(fields["properties"]["currency"]["type"], "string", "{schema}");
+        assert_eq!(fields["properties"]["actor"]["type"], "string", "{schema}");
         assert_eq!(fields["required"], json!(["action"]), "{schema}");
+        let request = serde_json::to_value(<EnforceRequest as utoipa::PartialSchema>::schema());
+        let request = request.unwrap();
+        assert_eq!(request["properties"]["eventId"]["type"], "string", "{request}");
+        assert_eq!(request["properties"]["traceId"]["type"], json!(["string", "null"]));
     }
 }

@@ -76,6 +76,13 @@ fn text_list(field: &str, values: &[String], min: usize) -> Result<Vec<String>> 
 /// explicit `null` is refused. Plain `Option` would take `null` as absent,
 /// and a client that computed a null amount would then skip every amount
 /// check without knowing.
+///
+/// The rule for governance bodies (docs/governance.md, "Nulls"): a field
+/// whose absence lifts a limit or skips a check (a maximum, a threshold, a
+/// validity bound, a currency, a required tier, an expiry) takes this; a
+/// field whose absence only makes things stricter or is informational
+/// (a description, the default `draft` status) takes a plain `Option`, and
+/// a null there is the same as leaving the key out.
 pub fn not_null<'de, D, T>(d: D) -> std::result::Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -137,6 +144,9 @@ pub struct CreateDecision {
     pub description: Option<String>,
     pub owner: Option<String>,
     pub trace_id: Option<String>,
+    /// Left out: the decision does not expire; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub expires_at: Option<i64>,
 }
 
@@ -350,10 +360,28 @@ pub async fn patch_decision(
 pub struct CreateGrant {
     pub grantee: String,
     pub actions: Vec<String>,
+    // Each of these left out lifts a limit (no maximum, any currency, no
+    // threshold, valid since ever or forever), so a null, more likely a
+    // client's bug than that wish, is refused instead.
+    /// Left out: no maximum; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub max_amount: Option<f64>,
+    /// Left out: amounts in any currency; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub currency: Option<String>,
+    /// Left out: no approval threshold; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub approval_threshold: Option<f64>,
+    /// Left out: valid from creation on; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub valid_from: Option<i64>,
+    /// Left out: valid until revoked; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub valid_until: Option<i64>,
     #[serde(default)]
     pub revoked: bool,
@@ -532,14 +560,21 @@ pub async fn patch_grant(
 pub struct CreateContract {
     pub allowed_actions: Vec<String>,
     pub name: Option<String>,
-    /// `T0` .. `T4`.
-    #[schema(value_type = Option<String>)]
+    /// `T0` .. `T4`. Left out: no tier required; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(value_type = Option<String>, nullable = false)]
     pub required_trust_tier: Option<TrustTier>,
     #[serde(default)]
     pub required_attestation_providers: Vec<String>,
     #[serde(default)]
     pub required_compliance: Vec<String>,
+    /// Left out: no escrow line; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub escrow_above: Option<f64>,
+    /// Left out: in force without an end; `null` is refused.
+    #[serde(default, deserialize_with = "not_null")]
+    #[schema(nullable = false)]
     pub valid_until: Option<i64>,
 }
 
@@ -678,5 +713,110 @@ mod tests {
         assert_eq!(field(json!({"name": 1})).as_deref(), Some("name"));
         assert_eq!(field(json!({"name": "n", "extra": 1})).as_deref(), Some("extra"));
         assert_eq!(field(json!([1])), None, "the whole body");
+    }
+
+    /// The field a body is refused for, or `None` when it parses.
+    fn refused<T: DeserializeOwned>(body: Value) -> Option<String> {
+        match parse_body::<T>(body) {
+            Err(Error::Validation { field, .. }) => field,
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => None,
+        }
+    }
+
+    /// Fields whose absence lifts a limit: a null is refused, naming the
+    /// field; the body without the key parses.
+    fn null_refused<T: DeserializeOwned>(base: Value, fields: &[&str]) {
+        assert_eq!(refused::<T>(base.clone()), None, "{base}");
+        for name in fields {
+            let mut body = base.clone();
+            body[*name] = Value::Null;
+            assert_eq!(refused::<T>(body).as_deref(), Some(*name), "{name}: null");
+        }
+    }
+
+    #[test]
+    fn a_null_that_would_lift_a_limit_is_refused() {
+        null_refused::<CreateDecision>(json!({"title": "t", "riskLevel": "low"}), &["expiresAt"]);
+        null_refused::<CreateGrant>(
+            json!({"grantee": "g", "actions": ["a"]}),
+            &["maxAmount", "currency", "approvalThreshold", "validFrom", "validUntil"],
+        );
+        null_refused::<CreateContract>(
+            json!({"allowedActions": ["a"]}),
+            &["requiredTrustTier", "escrowAbove", "validUntil"],
+        );
+    }
+
+    /// Fields whose absence is informational or stricter: a null is the
+    /// same as leaving the key out.
+    #[test]
+    fn a_null_that_lifts_nothing_is_absent() {
+        let decision: CreateDecision = parse_body(json!({"title": "t", "riskLevel": "low",
+            "status": null, "description": null, "owner": null, "traceId": null}))
+        .unwrap();
+        assert!(decision.status.is_none() && decision.trace_id.is_none());
+        let grant: CreateGrant =
+            parse_body(json!({"grantee": "g", "actions": ["a"], "description": null})).unwrap();
+        assert!(grant.description.is_none());
+        let contract: CreateContract =
+            parse_body(json!({"allowedActions": ["a"], "name": null})).unwrap();
+        assert!(contract.name.is_none());
+        let patch: PatchDecision =
+            parse_body(json!({"status": "approved", "reason": null})).unwrap();
+        assert!(patch.reason.is_none());
+        // Lists and flags have no "absent" to fall back on: a null is a
+        // wrong type, as before.
+        assert_eq!(
+            refused::<CreateContract>(json!({"allowedActions": ["a"], "requiredCompliance": null}))
+                .as_deref(),
+            Some("requiredCompliance")
+        );
+        assert_eq!(refused::<PatchGrant>(json!({"revoked": null})).as_deref(), Some("revoked"));
+    }
+
+    /// The named fields' schema of a request body type.
+    fn properties<T: utoipa::PartialSchema>() -> Value {
+        serde_json::to_value(T::schema()).unwrap()
+    }
+
+    #[test]
+    fn the_openapi_schemas_say_which_fields_take_no_null() {
+        let cases = [
+            (properties::<CreateDecision>(), vec![("expiresAt", "integer")], "description"),
+            (
+                properties::<CreateGrant>(),
+                vec![
+                    ("maxAmount", "number"),
+                    ("currency", "string"),
+                    ("approvalThreshold", "number"),
+                    ("validFrom", "integer"),
+                    ("validUntil", "integer"),
+                ],
+                "description",
+            ),
+            (
+                properties::<CreateContract>(),
+                vec![
+                    ("requiredTrustTier", "string"),
+                    ("escrowAbove", "number"),
+                    ("validUntil", "integer"),
+                ],
+                "name",
+            ),
+        ];
+        for (schema, not_null, nullable) in cases {
+            for (name, kind) in not_null {
+                assert_eq!(schema["properties"][name]["type"], kind, "{name}: {schema}");
+                let required = schema["required"].as_array().cloned().unwrap_or_default();
+                assert!(!required.contains(&json!(name)), "{name} may be left out: {schema}");
+            }
+            // A field where null means absent still says so.
+            assert_eq!(
+                schema["properties"][nullable]["type"],
+                json!(["string", "null"]),
+                "{nullable}: {schema}"
+            );
+        }
     }
 }
