@@ -149,13 +149,17 @@ pub fn optional_str<'a>(body: &'a Value, field: &str) -> Result<Option<&'a str>>
 /// `limit` of list endpoints: default 100, clamped to 1000, and a 400 for
 /// anything but a non-negative integer.
 pub fn parse_limit(raw: Option<&str>) -> Result<usize> {
-    const DEFAULT: usize = 100;
-    const MAX: usize = 1000;
+    parse_limit_in(raw, 100, 1000)
+}
+
+/// A `limit` with an endpoint's own default and most, read as
+/// [`parse_limit`] reads it.
+pub fn parse_limit_in(raw: Option<&str>, default: usize, max: usize) -> Result<usize> {
     match raw {
-        None => Ok(DEFAULT),
+        None => Ok(default),
         // Digits past u64::MAX are a large limit too: clamped.
         Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
-            Ok(text.parse::<u64>().map_or(MAX, |n| usize::try_from(n).unwrap_or(MAX).min(MAX)))
+            Ok(text.parse::<u64>().map_or(max, |n| usize::try_from(n).unwrap_or(max).min(max)))
         }
         Some(_) => Err(Error::validation("limit", "`limit` must be a non-negative integer")),
     }

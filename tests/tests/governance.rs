@@ -987,6 +987,168 @@ async fn a_forged_copy_of_a_receipt_is_detected(backend: Backend) {
     );
 }
 
+const VERIFY: &str = "/api/governance/receipts/verify";
+
+/// Pages `GET /api/governance/receipts/verify?{query}` as a client does:
+/// each next call sends the previous answer's `next` as its query, with
+/// the same `limit`, until an answer is `complete`.
+async fn verify_walk(client: &Client, cloud: &Cloud, key: &str, query: &str) -> Vec<Value> {
+    let limit = query.split('&').find(|p| p.starts_with("limit=")).unwrap_or("");
+    let mut path = format!("{VERIFY}?{query}");
+    let mut answers = Vec::new();
+    for _ in 0..100 {
+        let (status, answer) = get(client, cloud, key, &path).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {answer}");
+        let next = answer["next"].clone();
+        let complete = answer["complete"] == true;
+        answers.push(answer);
+        if complete {
+            assert!(next.is_null(), "a complete answer has nowhere to go on: {next}");
+            return answers;
+        }
+        let mut url = reqwest::Url::parse("http://x/").unwrap();
+        for (name, value) in next.as_object().unwrap() {
+            let value = value.as_str().map_or_else(|| value.to_string(), str::to_owned);
+            url.query_pairs_mut().append_pair(name, &value);
+        }
+        path = format!("{VERIFY}?{}&{limit}", url.query().unwrap());
+    }
+    panic!("no complete answer in 100 calls from {query}");
+}
+
+/// Verification is bounded per call and pages like an audit: a chain
+/// longer than the limit is walked in calls that go on from `next`, and
+/// an edit is found wherever it falls, at a cut (a re-hashed receipt that
+/// is the last of one call breaks the first link of the next) or inside a
+/// later call.
+async fn paged_verification_finds_tampering_at_a_cut_and_after_it(backend: Backend) {
+    let cloud = start(backend, &[]).await;
+    let client = client();
+    let key = cloud.key.clone();
+    let body = prepare(&client, &cloud, &key, &base(now_ms(), "trace-paged")).await;
+    let (status, second) =
+        post(&client, &cloud, &key, "/api/keys", &json!({"name": "agent"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let second = second["apiKey"].as_str().unwrap().to_owned();
+    let mut ids = Vec::new();
+    for _ in 0..15 {
+        let (status, answer) = post(&client, &cloud, &key, "/api/governance/enforce", &body).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        ids.push(answer["receiptId"].as_str().unwrap().to_owned());
+    }
+    for _ in 0..3 {
+        let (status, _) = post(&client, &cloud, &second, "/api/governance/enforce", &body).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let first = stored_receipt(cloud.store(), &ids[0]).await;
+    let writer = first["writer"].as_str().unwrap().to_owned();
+
+    // Without parameters: everything, in one call (under the default limit).
+    let (status, all) = get(&client, &cloud, &key, VERIFY).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!((all["valid"].clone(), all["complete"].clone()), (json!(true), json!(true)));
+    assert_eq!(all["checkedReceipts"], 18);
+    assert!(all["next"].is_null(), "{all}");
+
+    // The walk over every chain, five receipts a call: 18 receipts in 4
+    // calls, each checking at most 5, every chain checked to its end.
+    let walk = verify_walk(&client, &cloud, &key, "limit=5").await;
+    assert_eq!(walk.len(), 4, "{walk:#?}");
+    assert!(walk.iter().all(|a| a["valid"] == true && a["checkedReceipts"].as_u64() <= Some(5)));
+    assert_eq!(walk.iter().map(|a| a["checkedReceipts"].as_u64().unwrap()).sum::<u64>(), 18);
+    assert!(walk[0]["next"]["fromWriter"].is_string(), "{:#}", walk[0]);
+    let mut lengths = std::collections::HashMap::new();
+    for chain in walk.iter().flat_map(|a| a["chains"].as_array().unwrap()) {
+        *lengths.entry(chain["writer"].as_str().unwrap().to_owned()).or_insert(0) +=
+            chain["length"].as_u64().unwrap();
+    }
+    assert_eq!(lengths.values().copied().collect::<HashSet<u64>>(), HashSet::from([15, 3]));
+
+    // One chain, five a call: the first answer says where to go on.
+    let one = verify_walk(&client, &cloud, &key, &format!("writer={writer}&limit=5")).await;
+    assert_eq!(one.len(), 3);
+    let fifth = stored_receipt(cloud.store(), &ids[4]).await;
+    assert_eq!(
+        one[0]["next"],
+        json!({"writer": writer, "fromSequence": 6, "prevHash": fifth["contentHash"]}),
+        "{:#}",
+        one[0]
+    );
+    assert_eq!(one[0]["chains"][0]["next"], one[0]["next"], "the chain's own continuation");
+    assert_eq!(
+        one[2]["chains"][0]["headHash"],
+        all["chains"].as_array().unwrap().iter().find(|c| c["writer"] == writer.as_str()).unwrap()
+            ["headHash"]
+    );
+    // A continuation whose prevHash is not what the receipt before holds
+    // breaks its first link: the cut is checked, not trusted.
+    let zeros = "0".repeat(64);
+    let (_, wrong) = get(
+        &client,
+        &cloud,
+        &key,
+        &format!("{VERIFY}?writer={writer}&fromSequence=6&prevHash={zeros}&limit=5"),
+    )
+    .await;
+    assert_eq!(wrong["valid"], false, "{wrong:#}");
+    assert_eq!(wrong["firstBroken"]["sequence"], 6);
+
+    // Bad parameters are a 400 naming them.
+    for (query, field) in [
+        ("limit=-1", "limit"),
+        ("limit=ten", "limit"),
+        ("fromSequence=3&prevHash=ab", "fromSequence"),
+        ("writer=k&fromSequence=3", "prevHash"),
+        ("writer=k&fromWriter=k", "fromWriter"),
+    ] {
+        let (status, answer) = get(&client, &cloud, &key, &format!("{VERIFY}?{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {answer}");
+        assert_eq!(answer["error"]["field"], field, "{query}: {answer}");
+    }
+
+    // Receipt 5, the last of the first call, edited and re-hashed; receipt
+    // 13, inside the third call, edited.
+    let store = cloud.stop().await.unwrap();
+    let mut forged = stored_receipt(&store, &ids[4]).await;
+    forged["outcome"] = json!("deny");
+    forged.as_object_mut().unwrap().remove("contentHash");
+    let hash = content_hash(&forged);
+    forged["contentHash"] = json!(hash);
+    rewrite_receipt(&store, &ids[4], &forged, Some(&hash)).await;
+    // (A start puts back the embedded store's guard the rewrite dropped.)
+    let store = store.start().await.unwrap().stop().await.unwrap();
+    let mut edited = stored_receipt(&store, &ids[12]).await;
+    edited["outcome"] = json!("deny");
+    rewrite_receipt(&store, &ids[12], &edited, None).await;
+    let cloud = store.start().await.unwrap();
+
+    let one = verify_walk(&client, &cloud, &key, &format!("writer={writer}&limit=5")).await;
+    assert_eq!(one.len(), 3);
+    assert_eq!(one[0]["valid"], true, "receipt 5 is consistent on its own: {:#}", one[0]);
+    assert_eq!(one[0]["next"]["prevHash"], hash.as_str(), "as read by the first call");
+    let broken = &one[1]["firstBroken"];
+    assert_eq!(
+        (broken["sequence"].clone(), broken["receiptId"].clone()),
+        (json!(6), json!(ids[5]))
+    );
+    assert!(broken["reason"].as_str().unwrap().contains("prevHash"), "{broken}");
+    let broken = &one[2]["firstBroken"];
+    assert_eq!(broken["receiptId"], ids[12].as_str(), "{:#}", one[2]);
+    assert!(broken["reason"].as_str().unwrap().contains("contentHash mismatch"), "{broken}");
+    // The walk over every chain finds both the same way.
+    let walk = verify_walk(&client, &cloud, &key, "limit=5").await;
+    let found: Vec<&Value> = walk
+        .iter()
+        .filter_map(|a| a["firstBroken"].as_object().map(|_| &a["firstBroken"]))
+        .collect();
+    let sequences: Vec<i64> = found.iter().map(|b| b["sequence"].as_i64().unwrap()).collect();
+    assert_eq!(sequences, [6, 13], "{walk:#?}");
+    // And one call without parameters reports the first, complete.
+    let (_, all) = get(&client, &cloud, &key, VERIFY).await;
+    assert_eq!((all["valid"].clone(), all["complete"].clone()), (json!(false), json!(true)));
+    assert_eq!(all["firstBroken"]["receiptId"], ids[5].as_str());
+}
+
 /// A ClickHouse string literal of `text`.
 fn sql_string(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
@@ -1405,6 +1567,7 @@ both_backends!(
     concurrent_enforce_calls_keep_each_chain_linear,
     tampering_with_a_stored_receipt_is_detected,
     a_forged_copy_of_a_receipt_is_detected,
+    paged_verification_finds_tampering_at_a_cut_and_after_it,
     receipts_hash_as_documented,
     proof_trails_export_verify_and_push,
     another_workspaces_objects_are_not_found,

@@ -16,21 +16,26 @@ use super::governance::{
     MAX_TEXT, amount, currency, event, not_null, optional_text, parse_body, text,
 };
 use super::{AppState, JsonBody, PathId, parse_ms};
-use super::{check_params, limit_of};
+use super::{check_params, limit_of, parse_limit_in};
 use crate::auth::{Principal, Scope};
 use crate::error::{Error, Result};
-use crate::governance::chain::{ChainVerifier, VerifyReport};
+use crate::governance::chain::{ChainStart, ChainVerifier, Rest, VerifyReport};
 use crate::governance::rules::{self, Check, Proposal, Trigger};
 use crate::governance::{Outcome, governance_event, hash, object_of};
 use crate::store::NewEvent;
 use crate::store::governance::{
-    ChainHead, EnforcementInputs, EnforcementRefs, Receipt, ReceiptFilter, ReceiptRow,
+    ChainFrom, ChainHead, ChainPage, EnforcementInputs, EnforcementRefs, Receipt, ReceiptFilter,
+    ReceiptRow,
 };
 use crate::webhooks::ENFORCEMENT_DECIDED;
 
 const MAX_ATTESTATIONS: usize = 20;
-/// Receipts read per page while verifying chains.
+/// Receipts read per store page while verifying chains.
 const VERIFY_PAGE: usize = 1000;
+/// Receipts one verification call checks, by default and at most: each
+/// call's work is bounded, and a longer walk goes on in the next call.
+const VERIFY_DEFAULT_LIMIT: usize = 10_000;
+const VERIFY_MAX_LIMIT: usize = 100_000;
 
 type ErrorBody = crate::error::ErrorBody;
 
@@ -411,12 +416,100 @@ pub async fn get_receipt(
     Ok(Json(ReceiptBody { receipt: receipt_json(row)? }))
 }
 
-/// Walk every receipt chain of the workspace and report the first broken
+/// What one verification call is asked to check.
+#[derive(Debug, Clone, PartialEq)]
+struct VerifyScope {
+    from: ChainFrom,
+    one_chain: bool,
+    /// Set when the walk starts inside a chain (a continuation).
+    start: Option<ChainStart>,
+    limit: usize,
+}
+
+fn verify_scope(params: &HashMap<String, String>) -> Result<VerifyScope> {
+    check_params(params, &["writer", "fromWriter", "fromSequence", "prevHash", "limit"])?;
+    let limit = parse_limit_in(
+        params.get("limit").map(String::as_str),
+        VERIFY_DEFAULT_LIMIT,
+        VERIFY_MAX_LIMIT,
+    )?;
+    if limit == 0 {
+        // A walk of no receipts never gets anywhere, however often called.
+        return Err(Error::validation("limit", "`limit` must be at least 1"));
+    }
+    let (chain, one_chain) = match (params.get("writer"), params.get("fromWriter")) {
+        (Some(_), Some(_)) => {
+            return Err(Error::validation(
+                "fromWriter",
+                "give `writer` (one chain) or `fromWriter` (every chain from that one on), not both",
+            ));
+        }
+        (Some(writer), None) => (Some(("writer", writer)), true),
+        (None, Some(writer)) => (Some(("fromWriter", writer)), false),
+        (None, None) => (None, false),
+    };
+    if let Some((name, writer)) = chain
+        && writer.is_empty()
+    {
+        return Err(Error::validation(name, format!("`{name}` must not be empty")));
+    }
+    let from_sequence = params
+        .get("fromSequence")
+        .map(|text| {
+            text.parse::<i64>()
+                .map_err(|_| Error::validation("fromSequence", "`fromSequence` must be an integer"))
+        })
+        .transpose()?;
+    // A position names a chain, and the link to it is checked against the
+    // hash the previous call read: without it a continuation would trust
+    // whatever is stored before the cut now.
+    let (from, start) = match (chain, from_sequence, params.get("prevHash")) {
+        (chain, None, None) => {
+            (ChainFrom::Chain(chain.map_or_else(String::new, |(_, w)| w.clone())), None)
+        }
+        (None, Some(_), _) => {
+            return Err(Error::validation(
+                "fromSequence",
+                "`fromSequence` is a position in one chain: give `writer` or `fromWriter` too",
+            ));
+        }
+        (_, Some(_), None) => {
+            return Err(Error::validation(
+                "prevHash",
+                "`prevHash` is required with `fromSequence`: the contentHash of the receipt \
+                 before it, as a previous call's `next` gives it",
+            ));
+        }
+        (_, None, Some(_)) => {
+            return Err(Error::validation("prevHash", "`prevHash` goes with `fromSequence`"));
+        }
+        (Some((_, writer)), Some(from_sequence), Some(prev_hash)) => {
+            let Some(before) = from_sequence.checked_sub(1) else {
+                return Err(Error::validation("fromSequence", "`fromSequence` is out of range"));
+            };
+            let start =
+                ChainStart { writer: writer.clone(), from_sequence, prev_hash: prev_hash.clone() };
+            (ChainFrom::After(writer.clone(), before), Some(start))
+        }
+    };
+    Ok(VerifyScope { from, one_chain, start, limit })
+}
+
+/// Walk the receipt chains of the workspace (or one chain, or from a
+/// continuation on), at most `limit` receipts, and report the first broken
 /// link.
 #[utoipa::path(
     get, path = "/api/governance/receipts/verify", tag = "governance",
+    params(
+        ("writer" = Option<String>, Query, description = "Only this writer's chain"),
+        ("fromWriter" = Option<String>, Query, description = "Every chain from this writer's on, in writer order (how a walk over every chain goes on)"),
+        ("fromSequence" = Option<i64>, Query, description = "Start at this sequence of the first chain; needs `writer` or `fromWriter`, and `prevHash`"),
+        ("prevHash" = Option<String>, Query, description = "contentHash of the receipt before `fromSequence`, as the previous call's `next` gave it: the first link is checked against it"),
+        ("limit" = Option<u32>, Query, description = "Receipts checked by this call: default 10000, clamped to 100000, at least 1"),
+    ),
     responses(
-        (status = 200, description = "`valid` is false when a link is broken; `firstBroken` says where and why", body = VerifyReport),
+        (status = 200, description = "`valid` is false when a checked link is broken; `firstBroken` says where and why. `complete` is false when there is more to check: send `next` as the query of the next call", body = VerifyReport),
+        (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 429, body = ErrorBody),
     ),
@@ -425,24 +518,42 @@ pub async fn get_receipt(
 pub async fn verify_receipts(
     State(state): State<AppState>,
     principal: Principal,
+    Query(params): Query<HashMap<String, String>>,
 ) -> Result<Json<VerifyReport>> {
     principal.require(Scope::Read)?;
-    let mut verifier = ChainVerifier::new();
-    let mut after = None;
-    loop {
-        let page =
-            state.store.receipt_chain_page(&principal.workspace_id, after, VERIFY_PAGE).await?;
+    let scope = verify_scope(&params)?;
+    let ws = &principal.workspace_id;
+    let mut verifier = match scope.start.clone() {
+        Some(start) => ChainVerifier::starting_at(start),
+        None => ChainVerifier::new(),
+    };
+    let mut from = scope.from.clone();
+    let mut budget = scope.limit;
+    let rest = loop {
+        let limit = budget.min(VERIFY_PAGE);
+        let asked = ChainPage { from, one_chain: scope.one_chain, limit };
+        let page = state.store.receipt_chain_page(ws, &asked).await?;
         page.iter().for_each(|row| verifier.push(row));
         // A page may hold more than asked for (every copy of its last
         // position): only a short one is the last.
-        match page.last() {
-            Some(last) if page.len() >= VERIFY_PAGE => {
-                after = Some((last.writer.clone(), last.sequence));
-            }
-            _ => break,
+        let Some(last) = page.last().filter(|_| page.len() >= limit) else {
+            break Rest::Nothing;
+        };
+        from = ChainFrom::After(last.writer.clone(), last.sequence);
+        budget = budget.saturating_sub(page.len());
+        if budget == 0 {
+            // One receipt more says whether anything is left, and whether
+            // the cut is inside a chain or between two.
+            let probe = ChainPage { from, one_chain: scope.one_chain, limit: 1 };
+            let after = state.store.receipt_chain_page(ws, &probe).await?;
+            break match after.first() {
+                None => Rest::Nothing,
+                Some(row) if row.writer == last.writer => Rest::SameChain,
+                Some(row) => Rest::NextChain(row.writer.clone()),
+            };
         }
-    }
-    Ok(Json(verifier.finish()))
+    };
+    Ok(Json(verifier.finish_with(rest, scope.one_chain)))
 }
 
 #[cfg(test)]
@@ -501,6 +612,63 @@ mod tests {
         }
         let v = validate_enforce(stricter).unwrap();
         assert!(v.refs.trace_id.is_none() && v.providers.is_empty() && v.frameworks.is_empty());
+    }
+
+    fn scope(query: &[(&str, &str)]) -> Result<VerifyScope> {
+        verify_scope(&query.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect())
+    }
+
+    fn refused_param(query: &[(&str, &str)]) -> Option<String> {
+        match scope(query) {
+            Err(Error::Validation { field, .. }) => field,
+            other => panic!("{query:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn verify_walks_everything_by_default_bounded_per_call() {
+        let all = scope(&[]).unwrap();
+        assert_eq!(all.from, ChainFrom::Chain(String::new()));
+        assert!(!all.one_chain && all.start.is_none());
+        assert_eq!(all.limit, VERIFY_DEFAULT_LIMIT);
+        assert_eq!(scope(&[("limit", "99999999999999999999")]).unwrap().limit, VERIFY_MAX_LIMIT);
+        assert_eq!(scope(&[("limit", "7")]).unwrap().limit, 7);
+    }
+
+    #[test]
+    fn verify_goes_on_from_a_continuation() {
+        let one = scope(&[("writer", "key_a")]).unwrap();
+        assert_eq!((one.from, one.one_chain), (ChainFrom::Chain("key_a".into()), true));
+        let on = scope(&[("writer", "key_a"), ("fromSequence", "6"), ("prevHash", "ab")]).unwrap();
+        assert_eq!(on.from, ChainFrom::After("key_a".into(), 5));
+        assert_eq!(
+            on.start,
+            Some(ChainStart { writer: "key_a".into(), from_sequence: 6, prev_hash: "ab".into() })
+        );
+        let walk = scope(&[("fromWriter", "key_b")]).unwrap();
+        assert_eq!((walk.from, walk.one_chain), (ChainFrom::Chain("key_b".into()), false));
+    }
+
+    #[test]
+    fn bad_verify_parameters_are_400_naming_them() {
+        for (query, field) in [
+            (&[("limit", "-1")][..], "limit"),
+            (&[("limit", "1.5")], "limit"),
+            (&[("limit", "0")], "limit"),
+            (&[("writer", "a"), ("fromWriter", "b")], "fromWriter"),
+            (&[("writer", "")], "writer"),
+            (&[("fromSequence", "3"), ("prevHash", "ab")], "fromSequence"),
+            (&[("writer", "a"), ("fromSequence", "x"), ("prevHash", "ab")], "fromSequence"),
+            (&[("writer", "a"), ("fromSequence", "3")], "prevHash"),
+            (&[("writer", "a"), ("prevHash", "ab")], "prevHash"),
+            (
+                &[("writer", "a"), ("fromSequence", &i64::MIN.to_string()), ("prevHash", "ab")],
+                "fromSequence",
+            ),
+            (&[("sequence", "3")], "sequence"),
+        ] {
+            assert_eq!(refused_param(query).as_deref(), Some(field), "{query:?}");
+        }
     }
 
     #[test]

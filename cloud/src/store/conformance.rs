@@ -1059,8 +1059,9 @@ pub async fn gateway_batches_in_flight(store: &dyn Store) {
 /// nothing of another workspace.
 pub async fn governance(store: &dyn Store) {
     use super::governance::{
-        AuthorityGrant, ChainHead, ContextContract, Decision, EnforcementInputs, EnforcementRefs,
-        ExportReceipt, ProofTrail, Receipt, ReceiptFilter, TrackingPlan,
+        AuthorityGrant, ChainFrom, ChainHead, ChainPage, ContextContract, Decision,
+        EnforcementInputs, EnforcementRefs, ExportReceipt, ProofTrail, Receipt, ReceiptFilter,
+        TrackingPlan,
     };
     use crate::error::Error;
     use crate::governance::hash::GENESIS_HASH;
@@ -1242,11 +1243,33 @@ pub async fn governance(store: &dyn Store) {
     got.sort();
     assert_eq!(got, ["rcp_0", "rcp_2"]);
     assert!(store.get_receipts(OTHER_WS, &wanted).await.unwrap().is_empty());
-    let first = store.receipt_chain_page(WS, None, 2).await.unwrap();
-    let after = first.last().map(|r| (r.writer.clone(), r.sequence));
-    let rest = store.receipt_chain_page(WS, after, 2).await.unwrap();
-    assert_eq!(listed(first), ["rcp_0", "rcp_1"]);
-    assert_eq!(listed(rest), ["rcp_3", "rcp_2"], "chain order: writer, then sequence");
+    // Chain pages: key_1 holds rcp_0, rcp_1, rcp_3 (sequences 1..=3),
+    // key_2 holds rcp_2.
+    let chain_page = |from: ChainFrom, one_chain: bool, limit: usize| {
+        let page = ChainPage { from, one_chain, limit };
+        async move { listed(store.receipt_chain_page(WS, &page).await.unwrap()) }
+    };
+    let chain = |writer: &str| ChainFrom::Chain(writer.into());
+    let after = |writer: &str, sequence: i64| ChainFrom::After(writer.into(), sequence);
+    assert_eq!(chain_page(chain(""), false, 2).await, ["rcp_0", "rcp_1"]);
+    assert_eq!(
+        chain_page(after("key_1", 2), false, 2).await,
+        ["rcp_3", "rcp_2"],
+        "chain order: writer, then sequence"
+    );
+    assert_eq!(chain_page(chain(""), false, 10).await, ["rcp_0", "rcp_1", "rcp_3", "rcp_2"]);
+    // One chain, from its start or after a position, never into the next.
+    assert_eq!(chain_page(chain("key_1"), true, 10).await, ["rcp_0", "rcp_1", "rcp_3"]);
+    assert_eq!(chain_page(after("key_1", 1), true, 10).await, ["rcp_1", "rcp_3"]);
+    assert_eq!(chain_page(after("key_1", 3), true, 10).await, Vec::<String>::new());
+    assert_eq!(chain_page(chain("key_2"), true, 10).await, ["rcp_2"]);
+    assert_eq!(chain_page(chain("key_"), true, 10).await, Vec::<String>::new(), "not a prefix");
+    // From a writer's chain on: it and the later ones, in writer order.
+    assert_eq!(chain_page(chain("key_15"), false, 10).await, ["rcp_2"]);
+    assert_eq!(chain_page(chain("key_1"), false, 1).await, ["rcp_0"]);
+    assert_eq!(chain_page(after("key_1", 3), false, 10).await, ["rcp_2"]);
+    let other = ChainPage { from: chain(""), one_chain: false, limit: 10 };
+    assert!(store.receipt_chain_page(OTHER_WS, &other).await.unwrap().is_empty());
 
     // Every reporting event was stored once, beside the receipts.
     let reports = super::EventFilter {

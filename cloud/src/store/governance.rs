@@ -218,6 +218,26 @@ pub struct ReceiptFilter {
     pub to: Option<i64>,
 }
 
+/// Where a page of receipts in chain order (writer, then sequence) starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChainFrom {
+    /// At the first receipt of this writer's chain, whatever its sequence
+    /// (a hand-written row with sequence 0 is read, and reported). The
+    /// empty writer is the start of every chain.
+    Chain(String),
+    /// Just after this position (writer, sequence), exclusive.
+    After(String, i64),
+}
+
+/// One page of [`GovernanceStore::receipt_chain_page`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainPage {
+    pub from: ChainFrom,
+    /// Only the chain `from` names; otherwise it and every later one.
+    pub one_chain: bool,
+    pub limit: usize,
+}
+
 /// What an enforcement call names, loaded in one read.
 #[derive(Debug, Clone, Default)]
 pub struct EnforcementRefs {
@@ -410,17 +430,14 @@ pub trait GovernanceStore: Send + Sync {
     async fn list_receipts(&self, ws: &str, filter: &ReceiptFilter) -> Result<Vec<ReceiptRow>>;
     /// The receipts with these ids that exist in `ws`, in no order.
     async fn get_receipts(&self, ws: &str, ids: &[String]) -> Result<Vec<ReceiptRow>>;
-    /// Receipts in chain order (writer, then sequence), after the position
-    /// `after` (exclusive), at most `limit` positions: every stored copy
-    /// of a position that differs in anything (a store that cannot refuse
-    /// a second row for an id shows such an edit), and all of the last
-    /// position's copies even past `limit`.
-    async fn receipt_chain_page(
-        &self,
-        ws: &str,
-        after: Option<(String, i64)>,
-        limit: usize,
-    ) -> Result<Vec<ReceiptRow>>;
+    /// Receipts in chain order (writer, then sequence) from `page.from`,
+    /// of that one chain or of it and the later ones, at most
+    /// `page.limit` rows: every stored copy of a position that differs in
+    /// anything (a store that cannot refuse a second row for an id shows
+    /// such an edit), and all of the last position's copies even past the
+    /// limit, so that the next page can start after it. A page shorter
+    /// than the limit is the last.
+    async fn receipt_chain_page(&self, ws: &str, page: &ChainPage) -> Result<Vec<ReceiptRow>>;
 
     async fn insert_proof_trail(&self, ws: &str, trail: &ProofTrail) -> Result<()>;
     async fn get_proof_trail(&self, ws: &str, id: &str) -> Result<Option<ProofTrail>>;

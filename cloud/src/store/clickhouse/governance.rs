@@ -25,9 +25,10 @@ use super::{ClickHouseStore, Sent, run};
 use crate::error::{Error, Result};
 use crate::governance::DecisionStatus;
 use crate::store::governance::{
-    AuthorityGrant, ChainHead, ContextContract, DecideReceipt, Decision, EnforcementInputs,
-    EnforcementRefs, ExportReceipt, GovernanceStore, ProofTrail, ProofTrailSummary, Receipt,
-    ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent, from_json, to_json,
+    AuthorityGrant, ChainFrom, ChainHead, ChainPage, ContextContract, DecideReceipt, Decision,
+    EnforcementInputs, EnforcementRefs, ExportReceipt, GovernanceStore, ProofTrail,
+    ProofTrailSummary, Receipt, ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent, from_json,
+    to_json,
 };
 use crate::store::{AppendRequest, NewEvent, Store};
 
@@ -561,26 +562,35 @@ impl GovernanceStore for ClickHouseStore {
         Ok(out)
     }
 
-    async fn receipt_chain_page(
-        &self,
-        ws: &str,
-        after: Option<(String, i64)>,
-        limit: usize,
-    ) -> Result<Vec<ReceiptRow>> {
-        let (writer, sequence) = after.unwrap_or_default();
+    async fn receipt_chain_page(&self, ws: &str, page: &ChainPage) -> Result<Vec<ReceiptRow>> {
+        let limit = page.limit;
         // Every stored copy that differs in anything, not one per id as
         // elsewhere (identical copies of a repeated insert are one): the
         // table cannot refuse a second row with an id, so an edit made by
         // inserting a copy shows here as a position stored twice, which
         // verification reports.
         let select = RECEIPT_SELECT.replacen("SELECT", "SELECT DISTINCT", 1);
+        let start = match (&page.from, page.one_chain) {
+            (ChainFrom::Chain(_), true) => "writer = ?",
+            (ChainFrom::Chain(_), false) => "writer >= ?",
+            (ChainFrom::After(..), true) => "writer = ? AND sequence > ?",
+            (ChainFrom::After(..), false) => "(writer > ? OR (writer = ? AND sequence > ?))",
+        };
         let sql = format!(
-            "{select} WHERE workspace_id = ? AND (writer > ? OR (writer = ? AND sequence > ?))
-             ORDER BY writer, sequence LIMIT {}",
+            "{select} WHERE workspace_id = ? AND {start} ORDER BY writer, sequence LIMIT {}",
             limit_arg(limit)
         );
-        let query = self.client.query(&sql).bind(ws).bind(writer.as_str()).bind(writer.as_str());
-        let page: Vec<ReceiptRead> = run(query.bind(sequence).sent().fetch_all()).await?;
+        let query = self.client.query(&sql).bind(ws);
+        let query = match (&page.from, page.one_chain) {
+            (ChainFrom::Chain(writer), _) => query.bind(writer.as_str()),
+            (ChainFrom::After(writer, sequence), true) => {
+                query.bind(writer.as_str()).bind(sequence)
+            }
+            (ChainFrom::After(writer, sequence), false) => {
+                query.bind(writer.as_str()).bind(writer.as_str()).bind(sequence)
+            }
+        };
+        let page: Vec<ReceiptRead> = run(query.sent().fetch_all()).await?;
         let mut rows: Vec<ReceiptRow> = page.into_iter().map(ReceiptRead::into_row).collect();
         // A full page ends only after every copy of its last position (the
         // next one starts past it); ClickHouse 18 has no LIMIT WITH TIES.

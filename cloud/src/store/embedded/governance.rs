@@ -12,9 +12,10 @@ use crate::error::{Error, Result};
 use crate::governance::DecisionStatus;
 use crate::store::NewEvent;
 use crate::store::governance::{
-    AuthorityGrant, ChainHead, ContextContract, DecideReceipt, Decision, EnforcementInputs,
-    EnforcementRefs, ExportReceipt, GovernanceStore, ProofTrail, ProofTrailSummary, Receipt,
-    ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent, from_json, to_json,
+    AuthorityGrant, ChainFrom, ChainHead, ChainPage, ContextContract, DecideReceipt, Decision,
+    EnforcementInputs, EnforcementRefs, ExportReceipt, GovernanceStore, ProofTrail,
+    ProofTrailSummary, Receipt, ReceiptFilter, ReceiptRow, TrackingPlan, TriggerEvent, from_json,
+    to_json,
 };
 
 const GRANTS: &str = "governance_grants";
@@ -448,24 +449,30 @@ impl GovernanceStore for EmbeddedStore {
         .await
     }
 
-    async fn receipt_chain_page(
-        &self,
-        ws: &str,
-        after: Option<(String, i64)>,
-        limit: usize,
-    ) -> Result<Vec<ReceiptRow>> {
-        let ws = ws.to_owned();
+    async fn receipt_chain_page(&self, ws: &str, page: &ChainPage) -> Result<Vec<ReceiptRow>> {
+        let (ws, page) = (ws.to_owned(), page.clone());
         self.read(move |conn| {
-            let (writer, sequence) = after.unwrap_or_default();
+            // Every variant binds the same four numbered parameters; the
+            // chain index (workspace_id, writer, sequence) serves each.
+            let ((writer, sequence), start) = match page.from {
+                ChainFrom::Chain(writer) if page.one_chain => ((writer, 0), "writer = ?2"),
+                ChainFrom::Chain(writer) => ((writer, 0), "writer >= ?2"),
+                ChainFrom::After(writer, sequence) if page.one_chain => {
+                    ((writer, sequence), "writer = ?2 AND sequence > ?3")
+                }
+                ChainFrom::After(writer, sequence) => {
+                    ((writer, sequence), "(writer > ?2 OR (writer = ?2 AND sequence > ?3))")
+                }
+            };
             let text = format!(
                 "SELECT {RECEIPT_COLUMNS} FROM governance_receipts
-                 WHERE workspace_id = ?1 AND (writer > ?2 OR (writer = ?2 AND sequence > ?3))
+                 WHERE workspace_id = ?1 AND {start}
                  ORDER BY writer, sequence LIMIT ?4"
             );
             query_receipts(
                 conn,
                 &text,
-                vec![ws.into(), writer.into(), sequence.into(), limit_arg(limit).into()],
+                vec![ws.into(), writer.into(), sequence.into(), limit_arg(page.limit).into()],
             )
         })
         .await
