@@ -268,6 +268,12 @@ impl Receiver {
         }
     }
 
+    /// Caches the workspace's quota count ahead of a commit (see
+    /// `InFlight::hand_over`); store trouble shows again in the commit.
+    pub async fn refresh_quota(&self, principal: &Principal) {
+        let _ = self.usage.refresh_quota(self.store.as_ref(), &principal.workspace_id).await;
+    }
+
     /// The second half of handling a batch: stores a prepared batch and
     /// answers for it; never fails: every outcome is an ack the gateway can
     /// act on. The store applies a gateway's commits in the order

@@ -47,6 +47,9 @@ pub struct QuotaHold<'a> {
 }
 
 const QUOTA_CACHE: Duration = Duration::from_secs(2);
+/// [`Usage::refresh_quota`] reads again a count with less life left than
+/// this, so a hold taken right after it finds the count still cached.
+const QUOTA_REFRESH_MARGIN: Duration = Duration::from_millis(500);
 const MAX_TRACKED: usize = 100_000;
 
 impl Usage {
@@ -140,6 +143,29 @@ impl Usage {
         Ok(Some(QuotaHold { usage: self, workspace_id: workspace_id.to_owned(), held: mine }))
     }
 
+    /// Makes sure the workspace's month count is cached for at least
+    /// [`QUOTA_REFRESH_MARGIN`] more, reading it now if need be, so that a
+    /// [`Usage::hold_quota`] right after it needs no store read. The
+    /// gateway receivers call it in batch order before they start each
+    /// commit: a commit that had to read the count first could otherwise
+    /// reach the store's queue after the next batch's (whose hold found the
+    /// count another call had just cached) and be refused as out of order.
+    pub async fn refresh_quota(&self, store: &dyn Store, workspace_id: &str) -> Result<()> {
+        if self.quota.monthly_event_quota == 0 {
+            return Ok(());
+        }
+        let fresh = self
+            .month_counts
+            .lock()
+            .ok()
+            .and_then(|m| m.get(workspace_id).map(|(at, _)| *at))
+            .is_some_and(|at| at.elapsed() + QUOTA_REFRESH_MARGIN < QUOTA_CACHE);
+        if !fresh {
+            self.read_month_count(store, workspace_id).await?;
+        }
+        Ok(())
+    }
+
     /// How many more events the workspace may store this month, counting
     /// nothing held; `None` without a quota.
     async fn quota_left(&self, store: &dyn Store, workspace_id: &str) -> Result<Option<u64>> {
@@ -155,20 +181,22 @@ impl Usage {
             .filter(|(at, _)| at.elapsed() < QUOTA_CACHE);
         let used = match cached {
             Some((_, used)) => used,
-            None => {
-                let now = crate::now_ms();
-                let used =
-                    store.usage(workspace_id, month_start_ms(now), now).await?.events_ingested;
-                if let Ok(mut m) = self.month_counts.lock() {
-                    if m.len() >= MAX_TRACKED {
-                        m.clear();
-                    }
-                    m.insert(workspace_id.to_owned(), (Instant::now(), used));
-                }
-                used
-            }
+            None => self.read_month_count(store, workspace_id).await?,
         };
         Ok(Some(quota.saturating_sub(used)))
+    }
+
+    /// Reads the events stored this month and caches the count.
+    async fn read_month_count(&self, store: &dyn Store, workspace_id: &str) -> Result<u64> {
+        let now = crate::now_ms();
+        let used = store.usage(workspace_id, month_start_ms(now), now).await?.events_ingested;
+        if let Ok(mut m) = self.month_counts.lock() {
+            if m.len() >= MAX_TRACKED {
+                m.clear();
+            }
+            m.insert(workspace_id.to_owned(), (Instant::now(), used));
+        }
+        Ok(used)
     }
 
     /// Adds events just stored to the cached month count, so that this
@@ -294,5 +322,38 @@ mod tests {
             UsageConfig { monthly_event_quota: 0 },
         );
         assert!(free.hold_quota(&store, "ws", 5).await.unwrap().is_none());
+    }
+
+    /// Polls `future` once: its output if it finished without waiting.
+    fn poll_once<F: Future>(future: F) -> Option<F::Output> {
+        let mut future = std::pin::pin!(future);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        }
+    }
+
+    /// After `refresh_quota`, a hold needs no store read: taken in order,
+    /// it cannot fall behind a later one that found the count cached.
+    #[tokio::test]
+    async fn a_refreshed_quota_is_held_without_waiting_for_the_store() {
+        let (store, _dir) = crate::store::embedded::temp_store();
+        let usage = Usage::new(
+            RateLimitConfig { requests_per_second: 0, burst: 0 },
+            UsageConfig { monthly_event_quota: 10 },
+        );
+        assert!(poll_once(usage.hold_quota(&store, "ws", 1)).is_none(), "a cold count waits");
+        usage.refresh_quota(&store, "ws").await.unwrap();
+        let hold = poll_once(usage.hold_quota(&store, "ws", 4)).expect("held at once");
+        assert_eq!(hold.unwrap().unwrap().limit(), 4);
+        // A count about to expire is read again, not trusted.
+        if let Ok(mut counts) = usage.month_counts.lock() {
+            let aged = Instant::now().checked_sub(QUOTA_CACHE - QUOTA_REFRESH_MARGIN / 2);
+            counts.insert("ws".to_owned(), (aged.unwrap(), 7));
+        }
+        usage.refresh_quota(&store, "ws").await.unwrap();
+        let hold = poll_once(usage.hold_quota(&store, "ws", 10)).expect("held at once");
+        assert_eq!(hold.unwrap().unwrap().limit(), 10, "read again: nothing stored yet");
     }
 }

@@ -49,6 +49,9 @@ impl<T> InFlight<T> {
         ready: ReadyBatch,
         to: T,
     ) {
+        // Before the commit exists, so that its first poll reaches the
+        // store's queue without a store read (`Usage::refresh_quota`).
+        receiver.refresh_quota(principal).await;
         let (receiver, principal) = (Arc::clone(receiver), principal.clone());
         let mut commit: Commit =
             Box::pin(async move { receiver.commit(&principal, transport, ready).await });
