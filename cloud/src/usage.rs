@@ -144,7 +144,7 @@ impl Usage {
     }
 
     /// Makes sure the workspace's month count is cached for at least
-    /// [`QUOTA_REFRESH_MARGIN`] more, reading it now if need be, so that a
+    /// half a second more, reading it now if need be, so that a
     /// [`Usage::hold_quota`] right after it needs no store read. The
     /// gateway receivers call it in batch order before they start each
     /// commit: a commit that had to read the count first could otherwise
