@@ -158,9 +158,11 @@ pub enum FsyncPolicy {
     #[default]
     Batch,
     /// Return after `write()`: survives a process crash, not a power cut.
-    /// After a power cut the last records may be gone although they were
-    /// sent, and their sequence numbers reused: the cloud would then drop
-    /// the new events as duplicates. For throwaway data only.
+    /// After a power cut the last records may be gone although the devices
+    /// were answered (and they may have been sent), and their sequence
+    /// numbers are given out again; the shipper then sees the cloud's ack
+    /// run past the buffer and renews the buffer id, so the new events are
+    /// not taken for the old ones. For data that may be lost.
     Never,
 }
 
