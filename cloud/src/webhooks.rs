@@ -168,9 +168,20 @@ impl Webhooks {
             None => {
                 let data = Arc::new(data());
                 let this = Arc::clone(self);
+                let happened = crate::now_ms();
                 tokio::spawn(async move {
                     match this.webhooks_of(&ws).await {
-                        Ok(hooks) => this.fan_out(&ws, &hooks, kind, &subject, data),
+                        // The list is read after the fact: a webhook made
+                        // meanwhile did not exist when this happened and
+                        // gets only what happens after it.
+                        Ok(hooks) => {
+                            let existed: Vec<Webhook> = hooks
+                                .iter()
+                                .filter(|h| h.created_at <= happened)
+                                .cloned()
+                                .collect();
+                            this.fan_out(&ws, &existed, kind, &subject, data);
+                        }
                         Err(error) => {
                             this.count("dropped");
                             tracing::warn!(%error, workspace = %ws, kind, "webhooks not read; event not delivered");
@@ -763,6 +774,40 @@ mod tests {
         // Another workspace has a cache entry of its own.
         webhooks.webhooks_of("ws_b").await.unwrap();
         assert_eq!(webhooks.reads.load(Ordering::Relaxed), 2);
+    }
+
+    /// With the list not cached, it is read after the event: a webhook
+    /// made meanwhile (here: one dated after it) is not sent the event.
+    #[tokio::test]
+    async fn a_webhook_made_after_an_event_is_not_sent_it() {
+        let (store, _dir) = crate::store::embedded::temp_store();
+        let store: Arc<dyn Store> = Arc::new(store);
+        let webhooks = Webhooks::new(
+            Arc::clone(&store),
+            Arc::new(Config::default()),
+            Arc::new(Metrics::new()),
+        );
+        let hook = |id: &str, created_at| Webhook {
+            id: id.into(),
+            url: "https://127.0.0.1:9/hook".into(),
+            events: vec![ENFORCEMENT_DECIDED.into()],
+            secret: "whsec-0123456789abcdef".into(),
+            created_at,
+        };
+        store.insert_webhook("ws_a", &hook("whk_before", 0)).await.unwrap();
+        let later = crate::now_ms() + 60_000;
+        store.insert_webhook("ws_a", &hook("whk_after", later)).await.unwrap();
+        webhooks.notify("ws_a", ENFORCEMENT_DECIDED, "rcp_1", || json!({}));
+        // On this one-thread runtime the notifying task fills the cache and
+        // fans out in one step: once the cache is there, so are they.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while webhooks.cached("ws_a").is_none() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the list was read");
+        assert_eq!(webhooks.outstanding(), 1, "only the webhook that existed");
     }
 
     #[tokio::test]
