@@ -719,15 +719,33 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn a_delivery_whose_end_was_not_recorded_is_marked_again_not_sent_again() {
-        let (store, _dir) = crate::store::embedded::temp_store();
+    /// Webhooks over a fresh embedded store, with the store itself and the
+    /// directory that must outlive both.
+    fn on_temp_store() -> (Arc<dyn Store>, Arc<Webhooks>, tempfile::TempDir) {
+        let (store, dir) = crate::store::embedded::temp_store();
         let store: Arc<dyn Store> = Arc::new(store);
         let webhooks = Webhooks::new(
             Arc::clone(&store),
             Arc::new(Config::default()),
             Arc::new(Metrics::new()),
         );
+        (store, webhooks, dir)
+    }
+
+    /// A webhook for `enforcement.decided` at an address nothing serves.
+    fn hook(id: &str, created_at: i64) -> Webhook {
+        Webhook {
+            id: id.into(),
+            url: "https://127.0.0.1:9/hook".into(),
+            events: vec![ENFORCEMENT_DECIDED.into()],
+            secret: "whsec-0123456789abcdef".into(),
+            created_at,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delivery_whose_end_was_not_recorded_is_marked_again_not_sent_again() {
+        let (store, webhooks, _dir) = on_temp_store();
         let pending = PendingDelivery {
             delivery_id: "whd_1".into(),
             webhook_id: "whk_1".into(),
@@ -739,14 +757,7 @@ mod tests {
             owner: String::new(),
             held_until: 0,
         };
-        let hook = Webhook {
-            id: "whk_1".into(),
-            url: "https://127.0.0.1:9/hook".into(),
-            events: vec![ENFORCEMENT_DECIDED.into()],
-            secret: "whsec-0123456789abcdef".into(),
-            created_at: 0,
-        };
-        store.insert_webhook("ws_a", &hook).await.unwrap();
+        store.insert_webhook("ws_a", &hook("whk_1", 0)).await.unwrap();
         store.save_pending_delivery("ws_a", &pending).await.unwrap();
         // Delivered, but the store refused to record the end.
         webhooks.unmarked.lock().unwrap().insert("whd_1".into(), "ws_a".into());
@@ -758,9 +769,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn calls_that_find_the_cache_stale_together_read_the_store_once() {
-        let (store, _dir) = crate::store::embedded::temp_store();
-        let webhooks =
-            Webhooks::new(Arc::new(store), Arc::new(Config::default()), Arc::new(Metrics::new()));
+        let (_store, webhooks, _dir) = on_temp_store();
         let calls: Vec<_> = (0..50)
             .map(|_| {
                 let webhooks = Arc::clone(&webhooks);
@@ -780,20 +789,7 @@ mod tests {
     /// made meanwhile (here: one dated after it) is not sent the event.
     #[tokio::test]
     async fn a_webhook_made_after_an_event_is_not_sent_it() {
-        let (store, _dir) = crate::store::embedded::temp_store();
-        let store: Arc<dyn Store> = Arc::new(store);
-        let webhooks = Webhooks::new(
-            Arc::clone(&store),
-            Arc::new(Config::default()),
-            Arc::new(Metrics::new()),
-        );
-        let hook = |id: &str, created_at| Webhook {
-            id: id.into(),
-            url: "https://127.0.0.1:9/hook".into(),
-            events: vec![ENFORCEMENT_DECIDED.into()],
-            secret: "whsec-0123456789abcdef".into(),
-            created_at,
-        };
+        let (store, webhooks, _dir) = on_temp_store();
         store.insert_webhook("ws_a", &hook("whk_before", 0)).await.unwrap();
         let later = crate::now_ms() + 60_000;
         store.insert_webhook("ws_a", &hook("whk_after", later)).await.unwrap();
@@ -812,9 +808,7 @@ mod tests {
 
     #[tokio::test]
     async fn outstanding_deliveries_are_bounded_in_bytes_too() {
-        let (store, _dir) = crate::store::embedded::temp_store();
-        let webhooks =
-            Webhooks::new(Arc::new(store), Arc::new(Config::default()), Arc::new(Metrics::new()));
+        let (_store, webhooks, _dir) = on_temp_store();
         let big = MAX_OUTSTANDING_BYTES / 4;
         for n in 0..4 {
             assert!(webhooks.reserve(&format!("whd_{n}"), big), "{n} fits");
